@@ -1,0 +1,7 @@
+"""Pipeline definition (create_pipeline), configuration, runners and the CLI."""
+
+import os
+
+# tft 1.16 and TFMA 0.47 run on tf_keras (Keras 2); this must be set before
+# TensorFlow is first imported, so every package of the project sets it.
+os.environ["TF_USE_LEGACY_KERAS"] = "1"

@@ -1,0 +1,182 @@
+"""The ``deepseek-tfx`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+import warnings
+from typing import Optional, Sequence
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before anything imports TensorFlow
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+DEFAULT_OUTPUT = "./deepseek_tfx_output"
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    from trainer_module.config import PRESETS  # light import: dataclasses only
+
+    parser = argparse.ArgumentParser(
+        prog="deepseek-tfx",
+        description="Train, evaluate and push a DeepSeek-style language model with a TFX pipeline.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run", help="run the whole pipeline locally (Beam DirectRunner)",
+        description="Run corpus -> examples -> tokens -> model -> evaluation -> pushed model locally.")
+    run.add_argument("--corpus", metavar="PATH_OR_GLOB",
+                     help="file, directory (span-N subdirectories: latest span), or glob, optionally "
+                          "with {SPAN}; default: the built-in Python documentation corpus")
+    run.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
+                     help=f"output directory (default: {DEFAULT_OUTPUT})")
+    run.add_argument("--preset", default="small", choices=sorted(PRESETS),
+                     help="model preset (default: small)")
+    run.add_argument("--train-steps", type=int, metavar="N", help="trainer steps (default: the preset's)")
+    run.add_argument("--eval-fraction", type=float, default=0.1, metavar="F",
+                     help="share of documents in the eval split (default: 0.1)")
+    run.add_argument("--max-bits-per-byte", type=float, default=4.0, metavar="X",
+                     help="bless only below this eval bits per byte (default: 4.0)")
+    run.add_argument("--max-perplexity", type=float, metavar="X",
+                     help="bless only below this eval perplexity (default: no bound)")
+    run.add_argument("--beam-arg", action="append", default=[], metavar="ARG",
+                     help="extra Beam pipeline option, repeatable, e.g. --beam-arg=--runner=DataflowRunner")
+    run.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
+                     help="ML Metadata store: OUTPUT/metadata.sqlite, or MySQL from "
+                          "DEEPSEEK_TFX_MYSQL_{HOST,PORT,DATABASE,USER,PASSWORD}")
+    run.set_defaults(func=_cmd_run)
+
+    lineage = sub.add_parser(
+        "lineage", help="show what the latest pushed model was made from",
+        description="Print the provenance of the latest pushed model, from ML Metadata.")
+    lineage.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
+                         help=f"output directory of the runs (default: {DEFAULT_OUTPUT})")
+    lineage.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
+                         help="ML Metadata store (as for run)")
+    lineage.set_defaults(func=_cmd_lineage)
+    return parser
+
+
+def _metadata(kind: str, output: str):
+    from pipeline import local_runner
+
+    if kind == "mysql":
+        return local_runner.mysql_connection(dict(os.environ))
+    return local_runner.sqlite_connection(local_runner.Layout(os.path.abspath(output)).metadata_path)
+
+
+def format_summary(summary: dict) -> str:
+    def num(key, fmt="{:,}"):
+        value = summary.get(key)
+        return "n/a" if value is None else fmt.format(value)
+
+    lines = [
+        "",
+        "deepseek-tfx run summary",
+        f"  corpus:        {summary.get('corpus')} (span {num('span')})",
+        f"  read:          {num('documents')} documents, {num('bytes')} bytes from {num('files')} file(s)"
+        f"; {num('replaced_invalid_utf8')} invalid UTF-8 sequence(s) replaced",
+        f"  tokens:        {num('corpus_tokens')} in the corpus; trained on {num('train_tokens')}",
+        f"  training:      {num('train_steps')} steps, {num('parameters')} parameters, "
+        f"{num('train_tokens_per_second', '{:,.0f}')} tokens/s, last loss {num('final_train_loss', '{:.4f}')}",
+        f"  evaluation:    perplexity {num('eval_perplexity', '{:.3f}')}, bits per byte "
+        f"{num('eval_bits_per_byte', '{:.4f}')} on {num('eval_examples', '{:,.0f}')} eval examples",
+        f"  blessed:       {'yes' if summary.get('blessed') else 'no'}",
+    ]
+    if summary.get("pushed_model_path"):
+        lines.append(f"  pushed model:  {summary['pushed_model_path']} (version {summary['pushed_version']})")
+    else:
+        lines.append("  pushed model:  none (not blessed)")
+    lines.append(f"  ML Metadata:   {summary.get('metadata')}")
+    return "\n".join(lines)
+
+
+def _cmd_run(args) -> int:
+    from components.text_corpus import CorpusError
+    from pipeline import local_runner
+    from pipeline.config import PipelineConfig
+    from trainer_module.config import ConfigError
+
+    try:
+        config = PipelineConfig(preset=args.preset, train_steps=args.train_steps,
+                                eval_fraction=args.eval_fraction, max_bits_per_byte=args.max_bits_per_byte,
+                                max_perplexity=args.max_perplexity)
+        metadata = _metadata(args.metadata, args.output)
+    except (ConfigError, ValueError) as e:
+        print(f"deepseek-tfx: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        summary = local_runner.run(output=args.output, config=config, corpus=args.corpus,
+                                   beam_args=args.beam_arg, metadata=metadata)
+    except CorpusError as e:
+        print(f"deepseek-tfx: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:  # a component failed: show the root cause, not Beam's wrapping
+        print(f"deepseek-tfx: pipeline failed: {_root_cause(e)}", file=sys.stderr)
+        return EXIT_FAILED
+    print(format_summary(summary))
+    return 0
+
+
+def _root_cause(error: BaseException) -> str:
+    """The innermost error message, with CorpusError messages found even inside Beam's text."""
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__
+    text = str(error)
+    for line in reversed(text.splitlines()):
+        if "CorpusError:" in line:
+            return line.split("CorpusError:", 1)[1].strip()
+    return f"{type(error).__name__}: {text.strip().splitlines()[-1] if text.strip() else ''}"
+
+
+def _cmd_lineage(args) -> int:
+    from pipeline import report
+
+    connection = _metadata(args.metadata, args.output)
+    if connection.HasField("sqlite") and not os.path.exists(connection.sqlite.filename_uri):
+        print(f"deepseek-tfx: error: no ML Metadata at {connection.sqlite.filename_uri}; "
+              "run `deepseek-tfx run` first", file=sys.stderr)
+        return EXIT_USAGE
+    store = report.open_store(connection)
+    pushed = report.latest_pushed_model(store)
+    if pushed is None:
+        print("deepseek-tfx: error: no pushed model in ML Metadata yet", file=sys.stderr)
+        return EXIT_USAGE
+    print("\n".join(report.lineage_lines(store, pushed)))
+    return 0
+
+
+class _ProgressFilter(logging.Filter):
+    """Keeps TFX's per-component start/finish lines and every warning; drops the rest of its INFO."""
+
+    _KEEP = re.compile(r"^Component \S+ is (running|finished)")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or bool(self._KEEP.match(record.getMessage()))
+
+
+def _setup_logging() -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    project = logging.getLogger("deepseek_tfx")
+    project.setLevel(logging.INFO)
+    project.addHandler(handler)
+    project.propagate = False
+    absl_logger = logging.getLogger("absl")
+    absl_logger.setLevel(logging.INFO)
+    absl_logger.addFilter(_ProgressFilter())
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    _setup_logging()
+    args = _build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Typed pipeline configuration: data, evaluation gate, and which model preset to train."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from trainer_module.config import ConfigError, require_field, get_preset
+
+PIPELINE_NAME = "deepseek-tfx"
+MODEL_NAME = "deepseek"
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """Everything create_pipeline needs besides paths and the orchestrator."""
+
+    preset: str = "small"
+    """Model preset (see trainer_module.config.PRESETS)."""
+    train_steps: Optional[int] = None
+    """Trainer steps; None takes the preset's."""
+    eval_fraction: float = 0.1
+    """Share of documents hashed into the eval split."""
+    max_document_chars: int = 4096
+    """Longer documents are split into chunks of at most this many characters."""
+    text_field: str = "text"
+    """Field that holds the text in .jsonl corpora."""
+    max_perplexity: Optional[float] = None
+    """Absolute upper bound on eval perplexity for blessing; None: no bound on perplexity."""
+    max_bits_per_byte: Optional[float] = 4.0
+    """Absolute upper bound on eval bits per byte for blessing (8.0 is a uniform guess over bytes)."""
+    regression_tolerance: float = 0.0
+    """A candidate may be worse than the last blessed model by at most this much perplexity."""
+    model_name: str = MODEL_NAME
+    """Name of the model directory under the serving base directory."""
+
+    def __post_init__(self):
+        name = type(self).__name__
+        get_preset(self.preset)
+        require_field(self.train_steps is None or self.train_steps > 0, name, "train_steps",
+                 f"must be > 0, got {self.train_steps}")
+        require_field(0.0 < self.eval_fraction < 1.0, name, "eval_fraction",
+                 f"must be within (0, 1), got {self.eval_fraction}")
+        require_field(self.max_document_chars >= 64, name, "max_document_chars",
+                 f"must be >= 64, got {self.max_document_chars}")
+        require_field(self.max_perplexity is None or self.max_perplexity > 1.0, name, "max_perplexity",
+                 f"must be > 1, got {self.max_perplexity}")
+        require_field(self.max_bits_per_byte is None or self.max_bits_per_byte > 0, name,
+                 "max_bits_per_byte", f"must be > 0, got {self.max_bits_per_byte}")
+        require_field(self.regression_tolerance >= 0, name, "regression_tolerance",
+                 f"must be >= 0, got {self.regression_tolerance}")
+        require_field(bool(self.model_name) and "/" not in self.model_name, name, "model_name",
+                 f"must be a non-empty directory name, got {self.model_name!r}")
+
+    def trainer_custom_config(self) -> dict[str, Any]:
+        """The Trainer's custom_config: the preset's model and train configs."""
+        preset = get_preset(self.preset)
+        return {"model": preset.model.to_dict(), "train": preset.train.to_dict(), "preset": self.preset}
+
+    @property
+    def resolved_train_steps(self) -> int:
+        return self.train_steps or get_preset(self.preset).train.train_steps
+
+    def replace(self, **changes) -> "PipelineConfig":
+        return dataclasses.replace(self, **changes)
+
+
+__all__ = ["PipelineConfig", "ConfigError", "PIPELINE_NAME", "MODEL_NAME"]

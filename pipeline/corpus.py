@@ -1,0 +1,92 @@
+"""Where the corpus is: CLI argument -> (input_base, pattern), the default corpus, a pre-flight check.
+
+Accepted ``--corpus`` values:
+  * a file: ``data/shakespeare.txt``;
+  * a directory: every supported file in it, or, when it holds ``span-<N>``
+    subdirectories, the latest span (pattern ``span-{SPAN}/*``);
+  * a glob, optionally with ``{SPAN}``: ``data/*.md``, ``drops/span-{SPAN}/*.jsonl``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import tensorflow as tf
+
+from components import text_corpus
+
+SPAN_DIR = re.compile(r"^span-(\d+)$")
+_GLOB_CHARS = set("*?[{")
+
+
+def resolve(corpus: str) -> tuple[str, str]:
+    """Splits a corpus argument into (input_base, relative pattern).
+
+    Raises:
+        text_corpus.CorpusError: the path does not exist.
+    """
+    if not any(c in corpus for c in _GLOB_CHARS):
+        if tf.io.gfile.isdir(corpus):
+            base = corpus.rstrip("/")
+            has_spans = any(SPAN_DIR.match(name.rstrip("/")) for name in tf.io.gfile.listdir(base))
+            return base, "span-{SPAN}/*" if has_spans else "*"
+        if not tf.io.gfile.exists(corpus):
+            raise text_corpus.CorpusError(f"corpus not found: nothing exists at {corpus!r}")
+        return os.path.dirname(corpus) or ".", os.path.basename(corpus)
+    parts = corpus.split("/")
+    fixed = 0
+    while fixed < len(parts) - 1 and not any(c in parts[fixed] for c in _GLOB_CHARS):
+        fixed += 1
+    base = "/".join(parts[:fixed]) or ("/" if corpus.startswith("/") else ".")
+    return base, "/".join(parts[fixed:])
+
+
+def check(base: str, pattern: str) -> tuple[list[str], list[str]]:
+    """Fails fast, before any component runs, on a corpus that cannot produce documents.
+
+    Checks that supported files exist, that none of the first 1,000 is binary
+    (NUL byte in its first 8 KiB), and that not all of them are empty. The
+    ExampleGen executor applies the same rules, for runs that skip this check.
+
+    Returns:
+        (supported files, skipped files) for the latest span when ``{SPAN}`` is used.
+
+    Raises:
+        text_corpus.CorpusError: naming the file or pattern and the problem.
+    """
+    glob_pattern = os.path.join(base, pattern)
+    if "{SPAN}" in pattern or "{VERSION}" in pattern:
+        glob_pattern = glob_pattern.replace("{SPAN}", "*").replace("{VERSION}", "*")
+    files, skipped = text_corpus.list_corpus_files(glob_pattern)
+    for path in files[:1000]:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            head = f.read(text_corpus.BINARY_SNIFF_BYTES)
+        nul = head.find(b"\x00")
+        if not path.endswith(".gz") and nul >= 0:
+            raise text_corpus.CorpusError(f"{path}: binary data (NUL byte at offset {nul}); not a text file")
+    if all(tf.io.gfile.stat(path).length == 0 for path in files):
+        raise text_corpus.CorpusError(
+            f"no documents in corpus {glob_pattern!r}: all {len(files)} text file(s) are empty")
+    return files, skipped
+
+
+def write_default_corpus(directory: str) -> str:
+    """Writes the built-in corpus and returns its path.
+
+    The Python documentation topics that every CPython ships in ``pydoc_data``
+    (about 0.46 MB of English technical prose), one paragraph per document.
+    Deterministic for a given Python version, so reruns hit the TFX cache.
+    """
+    from pydoc_data import topics  # noqa: PLC0415
+
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "pydoc_topics.txt")
+    text = "\n\n".join(topics.topics[k].strip("\n") for k in sorted(topics.topics)) + "\n"
+    if not os.path.exists(path) or open(path, encoding="utf-8").read() != text:
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    return path
+

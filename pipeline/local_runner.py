@@ -1,0 +1,117 @@
+"""Runs the pipeline on this machine with TFX's LocalDagRunner and Beam's DirectRunner.
+
+Layout under the output directory:
+  * ``pipeline_root/``: every component's artifacts;
+  * ``metadata.sqlite``: ML Metadata (unless a MySQL connection is given);
+  * ``serving_model/<model_name>/<version>/``: pushed SavedModels (TF Serving layout);
+  * ``default_corpus/``: the built-in corpus, when no corpus is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional, Sequence
+
+from ml_metadata.proto import metadata_store_pb2
+from tfx import v1 as tfx
+
+from pipeline import corpus as corpus_lib
+from pipeline import report
+from pipeline.config import PIPELINE_NAME, PipelineConfig
+from pipeline.pipeline import create_pipeline
+
+MYSQL_ENV = ("DEEPSEEK_TFX_MYSQL_HOST", "DEEPSEEK_TFX_MYSQL_PORT", "DEEPSEEK_TFX_MYSQL_DATABASE",
+             "DEEPSEEK_TFX_MYSQL_USER", "DEEPSEEK_TFX_MYSQL_PASSWORD")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Paths of one local deployment, all under ``output``."""
+
+    output: str
+    model_name: str = PipelineConfig.model_name
+
+    @property
+    def pipeline_root(self) -> str:
+        return os.path.join(self.output, "pipeline_root")
+
+    @property
+    def metadata_path(self) -> str:
+        return os.path.join(self.output, "metadata.sqlite")
+
+    @property
+    def serving_model_dir(self) -> str:
+        return os.path.join(self.output, "serving_model", self.model_name)
+
+    @property
+    def default_corpus_dir(self) -> str:
+        return os.path.join(self.output, "default_corpus")
+
+
+def default_beam_args() -> list[str]:
+    """DirectRunner in multi-processing mode, one worker per core."""
+    return ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
+            f"--direct_num_workers={os.cpu_count() or 1}"]
+
+
+def sqlite_connection(path: str) -> metadata_store_pb2.ConnectionConfig:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    return tfx.orchestration.metadata.sqlite_metadata_connection_config(path)
+
+
+def mysql_connection(env: dict) -> metadata_store_pb2.ConnectionConfig:
+    """MySQL connection from DEEPSEEK_TFX_MYSQL_{HOST,PORT,DATABASE,USER,PASSWORD}."""
+    missing = [k for k in MYSQL_ENV[:4] if not env.get(k)]
+    if missing:
+        raise ValueError(f"--metadata mysql needs the environment variables {missing}")
+    config = metadata_store_pb2.ConnectionConfig()
+    config.mysql.host = env["DEEPSEEK_TFX_MYSQL_HOST"]
+    config.mysql.port = int(env["DEEPSEEK_TFX_MYSQL_PORT"])
+    config.mysql.database = env["DEEPSEEK_TFX_MYSQL_DATABASE"]
+    config.mysql.user = env["DEEPSEEK_TFX_MYSQL_USER"]
+    config.mysql.password = env.get("DEEPSEEK_TFX_MYSQL_PASSWORD", "")
+    config.mysql.create_if_missing = True
+    return config
+
+
+def run(
+    *,
+    output: str,
+    config: PipelineConfig,
+    corpus: Optional[str] = None,
+    beam_args: Sequence[str] = (),
+    metadata: Optional[metadata_store_pb2.ConnectionConfig] = None,
+    pipeline_name: str = PIPELINE_NAME,
+) -> dict:
+    """Checks the corpus, runs the whole pipeline, and returns the MLMD run summary.
+
+    Raises:
+        components.text_corpus.CorpusError: the corpus cannot produce documents
+            (raised before any component runs).
+    """
+    output = os.path.abspath(output)
+    layout = Layout(output, config.model_name)
+    if corpus is None:
+        corpus = corpus_lib.write_default_corpus(layout.default_corpus_dir)
+    base, pattern = corpus_lib.resolve(os.path.abspath(corpus) if "://" not in corpus else corpus)
+    corpus_lib.check(base, pattern)
+    metadata = metadata or sqlite_connection(layout.metadata_path)
+    pipeline = create_pipeline(
+        pipeline_name=pipeline_name,
+        pipeline_root=layout.pipeline_root,
+        corpus_base=base,
+        corpus_pattern=pattern,
+        serving_model_dir=layout.serving_model_dir,
+        config=config,
+        metadata_connection_config=metadata,
+        beam_pipeline_args=[*default_beam_args(), *beam_args],
+    )
+    tfx.orchestration.LocalDagRunner().run(pipeline)
+    summary = report.run_summary(report.open_store(metadata), pipeline_name)
+    summary["corpus"] = os.path.join(base, pattern)
+    if metadata.HasField("sqlite"):
+        summary["metadata"] = metadata.sqlite.filename_uri
+    else:
+        summary["metadata"] = f"mysql://{metadata.mysql.host}:{metadata.mysql.port}/{metadata.mysql.database}"
+    return summary

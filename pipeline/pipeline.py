@@ -1,0 +1,128 @@
+"""``create_pipeline``: the DAG, as a pure function of its arguments.
+
+corpus -> TextExampleGen -> StatisticsGen -> SchemaGen -> ExampleValidator
+       -> Transform (tokenize) -> Trainer -> Evaluator (gate vs. latest blessed) -> Pusher
+
+Runners set paths, metadata and the orchestrator, then call this; nothing here
+reads the environment or invents paths.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import tensorflow_model_analysis as tfma
+from ml_metadata.proto import metadata_store_pb2
+from tfx import v1 as tfx
+
+from components.text_example_gen import TextExampleGen
+from pipeline.config import PipelineConfig
+
+PREPROCESSING_FN = "trainer_module.preprocessing.preprocessing_fn"
+RUN_FN = "trainer_module.trainer.run_fn"
+METRICS_MODULE = "trainer_module.metrics"
+
+
+def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
+    """Perplexity and bits per byte on the eval split, with the blessing thresholds."""
+    lower = tfma.MetricDirection.LOWER_IS_BETTER
+    ppl_threshold = tfma.MetricThreshold(
+        change_threshold=tfma.GenericChangeThreshold(
+            direction=lower, absolute={"value": config.regression_tolerance}))
+    if config.max_perplexity is not None:
+        ppl_threshold.value_threshold.CopyFrom(
+            tfma.GenericValueThreshold(upper_bound={"value": config.max_perplexity}))
+    bpb = tfma.MetricConfig(class_name="BitsPerByte", module=METRICS_MODULE)
+    if config.max_bits_per_byte is not None:
+        bpb.threshold.CopyFrom(tfma.MetricThreshold(value_threshold=tfma.GenericValueThreshold(
+            upper_bound={"value": config.max_bits_per_byte})))
+    return tfma.EvalConfig(
+        model_specs=[tfma.ModelSpec(signature_name="serving_default", preprocessing_function_names=[])],
+        slicing_specs=[tfma.SlicingSpec()],
+        metrics_specs=[tfma.MetricsSpec(metrics=[
+            tfma.MetricConfig(class_name="ExampleCount"),
+            tfma.MetricConfig(class_name="Perplexity", module=METRICS_MODULE, threshold=ppl_threshold),
+            bpb,
+        ])],
+    )
+
+
+def create_pipeline(
+    *,
+    pipeline_name: str,
+    pipeline_root: str,
+    corpus_base: str,
+    corpus_pattern: str,
+    serving_model_dir: str,
+    config: PipelineConfig,
+    metadata_connection_config: Optional[metadata_store_pb2.ConnectionConfig] = None,
+    beam_pipeline_args: Sequence[str] = (),
+    enable_cache: bool = True,
+) -> tfx.dsl.Pipeline:
+    """Wires the components of the text-to-served-model pipeline.
+
+    Args:
+        pipeline_name: name of the pipeline (its MLMD context).
+        pipeline_root: where component outputs are written.
+        corpus_base: directory the corpus pattern is relative to.
+        corpus_pattern: glob under ``corpus_base``; may contain ``{SPAN}``.
+        serving_model_dir: Pusher's base directory; versions go to
+            ``serving_model_dir/<numeric version>/``.
+        config: data, model and gate settings.
+        metadata_connection_config: MLMD connection (None: the orchestrator's default).
+        beam_pipeline_args: options for every Beam-based component.
+        enable_cache: reuse outputs of executions with identical inputs.
+    """
+    example_gen = TextExampleGen(
+        input_base=corpus_base,
+        input_pattern=corpus_pattern,
+        eval_fraction=config.eval_fraction,
+        max_document_chars=config.max_document_chars,
+        text_field=config.text_field,
+    )
+    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
+    schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"],
+                                          infer_feature_shape=True)
+    example_validator = tfx.components.ExampleValidator(
+        statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"])
+    transform = tfx.components.Transform(
+        examples=example_gen.outputs["examples"],
+        schema=schema_gen.outputs["schema"],
+        preprocessing_fn=PREPROCESSING_FN,
+    )
+    trainer = tfx.components.Trainer(
+        run_fn=RUN_FN,
+        examples=transform.outputs["transformed_examples"],
+        transform_graph=transform.outputs["transform_graph"],
+        schema=schema_gen.outputs["schema"],
+        train_args=tfx.proto.TrainArgs(num_steps=config.resolved_train_steps),
+        eval_args=tfx.proto.EvalArgs(num_steps=0),
+        custom_config=config.trainer_custom_config(),
+    )
+    model_resolver = tfx.dsl.Resolver(
+        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
+        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+    ).with_id("latest_blessed_model_resolver")
+    evaluator = tfx.components.Evaluator(
+        examples=example_gen.outputs["examples"],
+        model=trainer.outputs["model"],
+        baseline_model=model_resolver.outputs["model"],
+        eval_config=eval_config(config),
+        example_splits=["eval"],
+    )
+    pusher = tfx.components.Pusher(
+        model=trainer.outputs["model"],
+        model_blessing=evaluator.outputs["blessing"],
+        push_destination=tfx.proto.PushDestination(
+            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)),
+    )
+    return tfx.dsl.Pipeline(
+        pipeline_name=pipeline_name,
+        pipeline_root=pipeline_root,
+        components=[example_gen, statistics_gen, schema_gen, example_validator, transform, trainer,
+                    model_resolver, evaluator, pusher],
+        enable_cache=enable_cache,
+        metadata_connection_config=metadata_connection_config,
+        beam_pipeline_args=list(beam_pipeline_args),
+    )

@@ -1,0 +1,224 @@
+"""Typed configuration for the model and its training, with named presets.
+
+Config travels pipeline -> Trainer ``custom_config`` -> ``from_dict``; nothing in
+``trainer_module`` reads environment variables or pipeline constants. Dimension
+names follow the DeepSeek-V2 paper (arXiv:2405.04434) and the DeepSeek-V3 report
+(arXiv:2412.19437) so the code can be read beside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+def require_field(condition: bool, cls_name: str, field: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{cls_name}.{field}: {message}")
+
+
+def _from_dict(cls, values: Mapping[str, Any]):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"{cls.__name__}: unknown field(s) {unknown}; known fields are {sorted(known)}"
+        )
+    return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a DeepSeek-style decoder (or its dense GPT-style baseline)."""
+
+    vocab_size: int = 0
+    """Vocabulary size; 0 means "take it from the tokenizer" (derived, never guessed)."""
+    d_model: int = 128
+    """Model width D (the papers' d)."""
+    n_layers: int = 4
+    """Number of decoder blocks."""
+    n_heads: int = 4
+    """Attention heads H (the papers' n_h)."""
+    context_len: int = 128
+    """Longest sequence T the model is trained on and attends over."""
+    q_lora_rank: int = 0
+    """Rank of the low-rank query compression d_c'; 0 projects queries directly."""
+    kv_lora_rank: int = 64
+    """Rank C of the joint key/value compression d_c (the cached latent c_kv)."""
+    qk_nope_head_dim: int = 32
+    """Per-head query/key dimension without rotary embedding d_h."""
+    qk_rope_head_dim: int = 16
+    """Per-head decoupled rotary query/key dimension d_h^R (the key part is shared by all heads)."""
+    v_head_dim: int = 32
+    """Per-head value dimension."""
+    inter_dim: int = 384
+    """Hidden width of the dense SwiGLU feed-forward (dense layers and the dense baseline)."""
+    moe_inter_dim: int = 96
+    """Hidden width of one fine-grained expert."""
+    n_routed_experts: int = 8
+    """Routed experts N_r per MoE layer."""
+    n_shared_experts: int = 1
+    """Shared experts N_s per MoE layer (always active)."""
+    n_activated_experts: int = 2
+    """Routed experts K chosen per token (top-k)."""
+    n_dense_layers: int = 1
+    """The first n_dense_layers blocks use a dense SwiGLU feed-forward instead of MoE."""
+    route_scale: float = 1.0
+    """Scale applied to the renormalised gate weights of the selected experts."""
+    bias_update_speed: float = 0.001
+    """Step gamma of the auxiliary-loss-free balancing bias update (DeepSeek-V3, sec. 2.1.2)."""
+    rope_theta: float = 10000.0
+    """Base of the rotary embedding frequencies."""
+    norm_eps: float = 1e-6
+    """Epsilon of every RMSNorm."""
+    dense: bool = False
+    """True builds the GPT-style baseline: standard multi-head attention and dense feed-forward."""
+
+    def __post_init__(self):
+        name = type(self).__name__
+        for field in ("d_model", "n_layers", "n_heads", "context_len", "kv_lora_rank",
+                      "qk_nope_head_dim", "v_head_dim", "inter_dim"):
+            require_field(getattr(self, field) > 0, name, field, f"must be > 0, got {getattr(self, field)}")
+        require_field(self.vocab_size >= 0, name, "vocab_size", f"must be >= 0, got {self.vocab_size}")
+        require_field(self.q_lora_rank >= 0, name, "q_lora_rank", f"must be >= 0, got {self.q_lora_rank}")
+        require_field(self.qk_rope_head_dim > 0 and self.qk_rope_head_dim % 2 == 0, name,
+                 "qk_rope_head_dim", f"must be a positive even number, got {self.qk_rope_head_dim}")
+        require_field(0 <= self.n_dense_layers <= self.n_layers, name, "n_dense_layers",
+                 f"must be within [0, n_layers={self.n_layers}], got {self.n_dense_layers}")
+        if not self.dense and self.n_dense_layers < self.n_layers:
+            require_field(self.n_routed_experts > 0, name, "n_routed_experts",
+                     f"must be > 0 for a MoE model, got {self.n_routed_experts}")
+            require_field(0 < self.n_activated_experts <= self.n_routed_experts, name,
+                     "n_activated_experts",
+                     f"must be within [1, n_routed_experts={self.n_routed_experts}], "
+                     f"got {self.n_activated_experts}")
+            require_field(self.moe_inter_dim > 0, name, "moe_inter_dim",
+                     f"must be > 0, got {self.moe_inter_dim}")
+            require_field(self.n_shared_experts >= 0, name, "n_shared_experts",
+                     f"must be >= 0, got {self.n_shared_experts}")
+
+    @property
+    def uses_moe(self) -> bool:
+        return not self.dense and self.n_dense_layers < self.n_layers
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
+        return _from_dict(cls, values)
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """How the Trainer optimises the model."""
+
+    train_steps: int = 300
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Global batch size in sequences (split across replicas)."""
+    learning_rate: float = 3e-3
+    """Peak learning rate, reached after warmup."""
+    min_learning_rate_ratio: float = 0.1
+    """Cosine decay ends at learning_rate * min_learning_rate_ratio."""
+    warmup_steps: int = 30
+    """Linear warmup steps."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay, applied to matrices only."""
+    grad_clip_norm: float = 1.0
+    """Global-norm gradient clipping; 0 disables it."""
+    precision: str = "float32"
+    """One of float32, mixed_bfloat16, mixed_float16."""
+    seed: int = 1234
+    """Seed for weight init, shuffling and sampling."""
+    shuffle_buffer: int = 2048
+    """Blocks held in the shuffle buffer."""
+    log_every: int = 25
+    """Log a progress line every this many steps."""
+    eval_batches: int = 8
+    """Batches of the eval split scored at the end of training (the Evaluator scores all of it)."""
+
+    def __post_init__(self):
+        name = type(self).__name__
+        for field in ("train_steps", "batch_size", "log_every"):
+            require_field(getattr(self, field) > 0, name, field, f"must be > 0, got {getattr(self, field)}")
+        require_field(self.learning_rate > 0, name, "learning_rate", f"must be > 0, got {self.learning_rate}")
+        require_field(0 <= self.min_learning_rate_ratio <= 1, name, "min_learning_rate_ratio",
+                 f"must be within [0, 1], got {self.min_learning_rate_ratio}")
+        require_field(self.warmup_steps >= 0, name, "warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        require_field(self.weight_decay >= 0, name, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        require_field(self.grad_clip_norm >= 0, name, "grad_clip_norm",
+                 f"must be >= 0, got {self.grad_clip_norm}")
+        require_field(self.precision in PRECISIONS, name, "precision",
+                 f"must be one of {PRECISIONS}, got {self.precision!r}")
+        require_field(self.shuffle_buffer > 0, name, "shuffle_buffer",
+                 f"must be > 0, got {self.shuffle_buffer}")
+        require_field(self.eval_batches >= 0, name, "eval_batches",
+                 f"must be >= 0, got {self.eval_batches}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
+        return _from_dict(cls, values)
+
+    def replace(self, **changes) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A named model shape with the training recipe that suits it."""
+
+    model: ModelConfig
+    train: TrainConfig
+    description: str
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset(
+        model=ModelConfig(
+            d_model=64, n_layers=2, n_heads=2, context_len=64, kv_lora_rank=32,
+            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, inter_dim=128,
+            moe_inter_dim=32, n_routed_experts=4, n_shared_experts=1, n_activated_experts=2,
+            n_dense_layers=1,
+        ),
+        train=TrainConfig(train_steps=30, batch_size=8, warmup_steps=5, log_every=10,
+                          eval_batches=2),
+        description="2 layers, width 64: for tests; trains in seconds.",
+    ),
+    "small": Preset(
+        model=ModelConfig(),
+        train=TrainConfig(),
+        description="4 layers, width 128, 8 routed experts: the CPU demo; trains in minutes.",
+    ),
+    "deepseek-v2-lite": Preset(
+        model=ModelConfig(
+            vocab_size=102400, d_model=2048, n_layers=27, n_heads=16, context_len=4096,
+            q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+            v_head_dim=128, inter_dim=10944, moe_inter_dim=1408, n_routed_experts=64,
+            n_shared_experts=2, n_activated_experts=6, n_dense_layers=1,
+        ),
+        train=TrainConfig(batch_size=512, learning_rate=4.2e-4, warmup_steps=2000),
+        description="DeepSeek-V2-Lite's shape (15.7B total, 2.4B activated): on paper only.",
+    ),
+}
+
+
+def get_preset(name: str) -> Preset:
+    """Returns the preset called ``name`` or raises ConfigError listing the known ones."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}") from None

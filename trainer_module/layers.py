@@ -1,0 +1,380 @@
+"""Keras layers of a DeepSeek-style decoder.
+
+Implements, with the papers' dimension names:
+  * RMSNorm (Zhang & Sennrich, 2019).
+  * Rotary position embedding, RoPE (Su et al., 2021), in the half-split form.
+  * SwiGLU feed-forward (Shazeer, 2020).
+  * Multi-head Latent Attention, MLA (DeepSeek-V2, arXiv:2405.04434, sec. 2.1).
+  * DeepSeekMoE with shared and fine-grained routed experts, sigmoid affinities and
+    auxiliary-loss-free balancing (DeepSeek-V3, arXiv:2412.19437, sec. 2.1.2).
+  * Standard multi-head attention, for the dense GPT-style baseline.
+
+Shape letters: B batch, T query time, S key time, D model width, H heads,
+E routed experts, K top-k, C latent (compressed KV) rank, R rope dim, N tokens (B*T).
+
+Float32 islands: norms, softmax, router and (in the model) the loss run in
+float32 whatever the mixed-precision policy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+import tf_keras as keras
+
+
+def _dense(units: int, name: str, dtype) -> keras.layers.Dense:
+    return keras.layers.Dense(
+        units,
+        use_bias=False,
+        kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
+        name=name,
+        dtype=dtype,
+    )
+
+
+class RMSNorm(keras.layers.Layer):
+    """Root-mean-square layer norm, computed in float32.
+
+    Args:
+        epsilon: added to the mean square before the reciprocal square root.
+
+    Example:
+        >>> norm = RMSNorm(epsilon=1e-6)
+        >>> y = norm(tf.ones([2, 3, 8]))
+    """
+
+    def __init__(self, epsilon: float = 1e-6, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = epsilon
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(
+            name="scale", shape=[input_shape[-1]], initializer="ones", dtype=tf.float32
+        )
+        super().build(input_shape)
+
+    def call(self, x):
+        x32 = tf.cast(x, tf.float32)
+        y = x32 * tf.math.rsqrt(tf.reduce_mean(tf.square(x32), axis=-1, keepdims=True) + self.epsilon)
+        return tf.cast(y * self.scale, self.compute_dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "epsilon": self.epsilon}
+
+
+def rope_angles(positions: tf.Tensor, rot_dim: int, theta: float) -> tuple[tf.Tensor, tf.Tensor]:
+    """Returns (cos, sin) of shape positions.shape + [rot_dim // 2], float32."""
+    inv_freq = 1.0 / (theta ** (tf.range(0, rot_dim, 2, dtype=tf.float32) / rot_dim))
+    angles = tf.cast(positions, tf.float32)[..., None] * inv_freq
+    return tf.cos(angles), tf.sin(angles)
+
+
+def apply_rope(x: tf.Tensor, cos: tf.Tensor, sin: tf.Tensor) -> tf.Tensor:
+    """Rotates the last dim of x [B, T, ..., R] by angles cos/sin [B or 1, T, R/2].
+
+    Half-split pairing (x_i, x_{i+R/2}); any fixed pairing is equivalent up to a
+    permutation of the projection weights.
+    """
+    while len(cos.shape) < len(x.shape):  # broadcast over the head axis
+        cos, sin = cos[..., None, :], sin[..., None, :]
+    dtype = x.dtype
+    x = tf.cast(x, tf.float32)
+    x1, x2 = tf.split(x, 2, axis=-1)
+    out = tf.concat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return tf.cast(out, dtype)
+
+
+def _attention_bias(t: int, s: int, offset, key_mask) -> tf.Tensor:
+    """Additive float32 mask [B or 1, 1, T, S]: query i (at offset+i) sees keys j <= offset+i."""
+    q_pos = tf.range(t)[:, None] + offset
+    k_pos = tf.range(s)[None, :]
+    allowed = (k_pos <= q_pos)[None, None]
+    if key_mask is not None:
+        allowed = tf.logical_and(allowed, tf.cast(key_mask, tf.bool)[:, None, None, :])
+    return tf.where(allowed, 0.0, -1e9)
+
+
+class SwiGLU(keras.layers.Layer):
+    """Gated feed-forward w2(silu(w1 x) * w3 x).
+
+    Args:
+        hidden_dim: inner width.
+        output_dim: output width (the model width D).
+
+    Example:
+        >>> ffn = SwiGLU(hidden_dim=256, output_dim=64)
+        >>> y = ffn(tf.ones([2, 3, 64]))
+    """
+
+    def __init__(self, hidden_dim: int, output_dim: int, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden_dim = hidden_dim
+        self.output_dim = output_dim
+        self.w1 = _dense(hidden_dim, "w1", self.dtype_policy)
+        self.w3 = _dense(hidden_dim, "w3", self.dtype_policy)
+        self.w2 = _dense(output_dim, "w2", self.dtype_policy)
+
+    def call(self, x):
+        return self.w2(tf.nn.silu(self.w1(x)) * self.w3(x))
+
+    def get_config(self):
+        return {**super().get_config(), "hidden_dim": self.hidden_dim, "output_dim": self.output_dim}
+
+
+class MultiHeadLatentAttention(keras.layers.Layer):
+    """Multi-head Latent Attention (DeepSeek-V2, sec. 2.1).
+
+    Keys and values are rebuilt from a jointly compressed latent c_kv (rank C,
+    RMS-normalised), plus a decoupled rotary key k_pe of R dims shared by all
+    heads. Only (c_kv, k_pe) needs caching for incremental decoding.
+
+    Args:
+        d_model: model width D.
+        n_heads: heads H.
+        q_lora_rank: rank of the query compression; 0 projects queries directly.
+        kv_lora_rank: rank C of the joint KV compression.
+        qk_nope_head_dim: per-head query/key dims without RoPE.
+        qk_rope_head_dim: per-head rotary dims R.
+        v_head_dim: per-head value dims.
+        rope_theta: RoPE base.
+        norm_eps: RMSNorm epsilon.
+
+    Example:
+        >>> mla = MultiHeadLatentAttention(64, 2, 0, 32, 16, 8, 16)
+        >>> y = mla(tf.random.normal([2, 5, 64]))
+    """
+
+    def __init__(self, d_model: int, n_heads: int, q_lora_rank: int, kv_lora_rank: int,
+                 qk_nope_head_dim: int, qk_rope_head_dim: int, v_head_dim: int,
+                 rope_theta: float = 10000.0, norm_eps: float = 1e-6, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.q_lora_rank = q_lora_rank
+        self.kv_lora_rank = kv_lora_rank
+        self.qk_nope_head_dim = qk_nope_head_dim
+        self.qk_rope_head_dim = qk_rope_head_dim
+        self.v_head_dim = v_head_dim
+        self.rope_theta = rope_theta
+        self.norm_eps = norm_eps
+        self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
+        self.softmax_scale = 1.0 / math.sqrt(self.qk_head_dim)
+        policy = self.dtype_policy
+        if q_lora_rank > 0:
+            self.wq_a = _dense(q_lora_rank, "wq_a", policy)
+            self.q_norm = RMSNorm(norm_eps, name="q_norm", dtype=policy)
+            self.wq_b = _dense(n_heads * self.qk_head_dim, "wq_b", policy)
+        else:
+            self.wq = _dense(n_heads * self.qk_head_dim, "wq", policy)
+        self.wkv_a = _dense(kv_lora_rank + qk_rope_head_dim, "wkv_a", policy)
+        self.kv_norm = RMSNorm(norm_eps, name="kv_norm", dtype=policy)
+        self.wkv_b = _dense(n_heads * (qk_nope_head_dim + v_head_dim), "wkv_b", policy)
+        self.wo = _dense(d_model, "wo", policy)
+
+    def _queries(self, x, cos, sin):
+        q = self.wq_b(self.q_norm(self.wq_a(x))) if self.q_lora_rank > 0 else self.wq(x)
+        q = tf.reshape(q, tf.concat([tf.shape(x)[:2], [self.n_heads, self.qk_head_dim]], 0))  # BTH(d+R)
+        q_nope, q_pe = tf.split(q, [self.qk_nope_head_dim, self.qk_rope_head_dim], axis=-1)
+        return q_nope, apply_rope(q_pe, cos, sin)
+
+    def latent(self, x, cos, sin):
+        """Returns the cacheable latent: c_kv [B, S, C] (normalised) and k_pe [B, S, R] (rotated)."""
+        kv = self.wkv_a(x)
+        c_kv, k_pe = tf.split(kv, [self.kv_lora_rank, self.qk_rope_head_dim], axis=-1)
+        return self.kv_norm(c_kv), apply_rope(k_pe, cos, sin)
+
+    def attend(self, q_nope, q_pe, c_kv, k_pe, bias):
+        """Attention of queries [B, T, H, *] over the latent of S keys with additive bias [*, 1, T, S]."""
+        kv = self.wkv_b(c_kv)
+        kv = tf.reshape(kv, tf.concat([tf.shape(c_kv)[:2],
+                                       [self.n_heads, self.qk_nope_head_dim + self.v_head_dim]], 0))
+        k_nope, v = tf.split(kv, [self.qk_nope_head_dim, self.v_head_dim], axis=-1)  # BSH*
+        scores = tf.einsum("bthd,bshd->bhts", q_nope, k_nope)
+        scores += tf.einsum("bthr,bsr->bhts", q_pe, k_pe)
+        scores = tf.cast(scores, tf.float32) * self.softmax_scale + bias
+        probs = tf.cast(tf.nn.softmax(scores, axis=-1), v.dtype)
+        out = tf.einsum("bhts,bshd->bthd", probs, v)
+        out = tf.reshape(out, tf.concat([tf.shape(out)[:2], [self.n_heads * self.v_head_dim]], 0))
+        return self.wo(out)
+
+    def call(self, x, key_mask=None):
+        t = tf.shape(x)[1]
+        cos, sin = rope_angles(tf.range(t)[None, :], self.qk_rope_head_dim, self.rope_theta)
+        q_nope, q_pe = self._queries(x, cos, sin)
+        c_kv, k_pe = self.latent(x, cos, sin)
+        return self.attend(q_nope, q_pe, c_kv, k_pe, _attention_bias(t, t, 0, key_mask))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_model": self.d_model, "n_heads": self.n_heads, "q_lora_rank": self.q_lora_rank,
+            "kv_lora_rank": self.kv_lora_rank, "qk_nope_head_dim": self.qk_nope_head_dim,
+            "qk_rope_head_dim": self.qk_rope_head_dim, "v_head_dim": self.v_head_dim,
+            "rope_theta": self.rope_theta, "norm_eps": self.norm_eps,
+        }
+
+
+class MultiHeadAttention(keras.layers.Layer):
+    """Standard causal multi-head attention with RoPE on the whole head (the dense baseline).
+
+    Args:
+        d_model: model width D; head dim is D / H.
+        n_heads: heads H.
+        rope_theta: RoPE base.
+
+    Example:
+        >>> mha = MultiHeadAttention(64, 4)
+        >>> y = mha(tf.random.normal([2, 5, 64]))
+    """
+
+    def __init__(self, d_model: int, n_heads: int, rope_theta: float = 10000.0, **kwargs):
+        super().__init__(**kwargs)
+        if d_model % n_heads or (d_model // n_heads) % 2:
+            raise ValueError(f"d_model={d_model} must split into n_heads={n_heads} heads of even size")
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.rope_theta = rope_theta
+        self.wqkv = _dense(3 * d_model, "wqkv", self.dtype_policy)
+        self.wo = _dense(d_model, "wo", self.dtype_policy)
+
+    def call(self, x, key_mask=None):
+        t = tf.shape(x)[1]
+        qkv = tf.reshape(self.wqkv(x), tf.concat([tf.shape(x)[:2], [3, self.n_heads, self.head_dim]], 0))
+        q, k, v = tf.unstack(qkv, axis=2)  # BTHd each
+        cos, sin = rope_angles(tf.range(t)[None, :], self.head_dim, self.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        scores = tf.cast(tf.einsum("bthd,bshd->bhts", q, k), tf.float32) / math.sqrt(self.head_dim)
+        probs = tf.cast(tf.nn.softmax(scores + _attention_bias(t, t, 0, key_mask), -1), v.dtype)
+        out = tf.einsum("bhts,bshd->bthd", probs, v)
+        return self.wo(tf.reshape(out, tf.concat([tf.shape(x)[:2], [self.d_model]], 0)))
+
+    def get_config(self):
+        return {**super().get_config(), "d_model": self.d_model, "n_heads": self.n_heads,
+                "rope_theta": self.rope_theta}
+
+
+class DeepSeekMoE(keras.layers.Layer):
+    """Shared plus fine-grained routed experts with auxiliary-loss-free balancing.
+
+    Each token's affinity to expert i is s_i = sigmoid(u . e_i). Experts are
+    selected by top-K of s_i + b_i, where b is a non-trainable balancing bias;
+    gate weights come from the unbiased s of the selected experts, renormalised
+    to sum to one and multiplied by route_scale. After each training step b_i
+    moves by bias_update_speed toward balance: down for overloaded experts, up
+    for underloaded ones. It is not touched by gradients.
+
+    Dispatch is dropless: token copies are sorted by expert, each expert runs one
+    matmul on exactly its tokens, and results are summed back per token. No token
+    is dropped and no compute is spent on padding, which suits CPU and small
+    batches; a capacity-based einsum would be needed for XLA's static shapes.
+
+    Args:
+        d_model: model width D.
+        moe_inter_dim: hidden width of each expert.
+        n_routed_experts: routed experts E.
+        n_shared_experts: shared experts, fused into one SwiGLU of width
+            n_shared_experts * moe_inter_dim.
+        n_activated_experts: K experts chosen per token.
+        route_scale: scale on the renormalised gate weights.
+        bias_update_speed: step gamma of the bias update.
+        seq_aux_loss_weight: alpha of the optional sequence-wise balance loss (0: off).
+
+    Example:
+        >>> moe = DeepSeekMoE(64, 32, n_routed_experts=4, n_shared_experts=1, n_activated_experts=2)
+        >>> y = moe(tf.random.normal([2, 5, 64]))
+    """
+
+    def __init__(self, d_model: int, moe_inter_dim: int, n_routed_experts: int,
+                 n_shared_experts: int, n_activated_experts: int, route_scale: float = 1.0,
+                 bias_update_speed: float = 0.001, seq_aux_loss_weight: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model = d_model
+        self.moe_inter_dim = moe_inter_dim
+        self.n_routed_experts = n_routed_experts
+        self.n_shared_experts = n_shared_experts
+        self.n_activated_experts = n_activated_experts
+        self.route_scale = route_scale
+        self.bias_update_speed = bias_update_speed
+        self.seq_aux_loss_weight = seq_aux_loss_weight
+        self.shared = (SwiGLU(n_shared_experts * moe_inter_dim, d_model, name="shared_experts",
+                              dtype=self.dtype_policy) if n_shared_experts > 0 else None)
+
+    def build(self, input_shape):
+        e, d, i = self.n_routed_experts, self.d_model, self.moe_inter_dim
+        def init():  # a fresh initializer per weight: a reused unseeded one repeats its values
+            return keras.initializers.RandomNormal(stddev=0.02)
+
+        # The router stays float32 under mixed precision.
+        self.gate = self.add_weight(name="gate", shape=[d, e], initializer=init(), dtype=tf.float32)
+        self.expert_bias = self.add_weight(
+            name="expert_bias", shape=[e], initializer="zeros", dtype=tf.float32, trainable=False,
+            aggregation=tf.VariableAggregation.MEAN)
+        self.expert_load = self.add_weight(
+            name="expert_load", shape=[e], initializer="zeros", dtype=tf.float32, trainable=False,
+            aggregation=tf.VariableAggregation.MEAN)
+        self.w1 = self.add_weight(name="experts_w1", shape=[e, d, i], initializer=init())
+        self.w3 = self.add_weight(name="experts_w3", shape=[e, d, i], initializer=init())
+        self.w2 = self.add_weight(name="experts_w2", shape=[e, i, d], initializer=init())
+        super().build(input_shape)
+
+    def route(self, x2):
+        """Router for tokens x2 [N, D]: returns (expert ids [N, K], gate weights [N, K] float32, scores [N, E])."""
+        scores = tf.sigmoid(tf.matmul(tf.cast(x2, tf.float32), self.gate))  # NE
+        _, idx = tf.math.top_k(scores + self.expert_bias, k=self.n_activated_experts)  # NK
+        weights = tf.gather(scores, idx, batch_dims=1)
+        weights = weights / tf.reduce_sum(weights, axis=-1, keepdims=True) * self.route_scale
+        return idx, weights, scores
+
+    def call(self, x, training=None):
+        shape = tf.shape(x)
+        x2 = tf.reshape(x, [-1, self.d_model])  # ND
+        n = tf.shape(x2)[0]
+        idx, weights, scores = self.route(x2)
+        k, e = self.n_activated_experts, self.n_routed_experts
+
+        flat_expert = tf.reshape(idx, [-1])  # (N*K)
+        flat_token = tf.repeat(tf.range(n), k)
+        flat_weight = tf.reshape(weights, [-1])
+        order = tf.argsort(flat_expert, stable=True)
+        sorted_token = tf.gather(flat_token, order)
+        counts = tf.math.bincount(tf.cast(flat_expert, tf.int32), minlength=e, maxlength=e)
+        xs = tf.gather(x2, sorted_token)
+        chunks = tf.split(xs, counts, num=e)
+        ys = []
+        for j in range(e):
+            h = tf.nn.silu(tf.matmul(chunks[j], self.w1[j])) * tf.matmul(chunks[j], self.w3[j])
+            ys.append(tf.matmul(h, self.w2[j]))
+        y = tf.concat(ys, axis=0) * tf.cast(tf.gather(flat_weight, order), x.dtype)[:, None]
+        routed = tf.math.unsorted_segment_sum(y, sorted_token, n)
+        out = routed + self.shared(x2) if self.shared is not None else routed
+
+        if training:
+            load = tf.cast(counts, tf.float32)
+            self.expert_load.assign(load)
+            self.expert_bias.assign_add(
+                self.bias_update_speed * tf.sign(tf.reduce_mean(load) - load))
+            if self.seq_aux_loss_weight > 0:
+                self.add_loss(self._sequence_balance_loss(idx, scores, shape[0], shape[1]))
+        return tf.reshape(out, shape)
+
+    def _sequence_balance_loss(self, idx, scores, b, t):
+        """DeepSeek-V3 eq. 17-20: alpha * sum_i f_i P_i per sequence, averaged over the batch."""
+        e, k = self.n_routed_experts, self.n_activated_experts
+        chosen = tf.reduce_sum(tf.one_hot(idx, e), axis=1)  # NE
+        chosen = tf.reshape(chosen, [b, t, e])
+        f = tf.cast(e, tf.float32) / (k * tf.cast(t, tf.float32)) * tf.reduce_sum(chosen, axis=1)
+        p = tf.reduce_mean(tf.reshape(scores / tf.reduce_sum(scores, -1, keepdims=True), [b, t, e]), 1)
+        return self.seq_aux_loss_weight * tf.reduce_mean(tf.reduce_sum(f * p, axis=-1))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_model": self.d_model, "moe_inter_dim": self.moe_inter_dim,
+            "n_routed_experts": self.n_routed_experts, "n_shared_experts": self.n_shared_experts,
+            "n_activated_experts": self.n_activated_experts, "route_scale": self.route_scale,
+            "bias_update_speed": self.bias_update_speed,
+            "seq_aux_loss_weight": self.seq_aux_loss_weight,
+        }
