@@ -12,6 +12,8 @@ from typing import Optional, Sequence
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before anything imports TensorFlow
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+# google-api-core warns about Python 3.10 on every import, also in each Beam worker process.
+os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
 
 DEFAULT_OUTPUT = "./deepseek_tfx_output"
 EXIT_USAGE = 2

@@ -15,6 +15,7 @@ import tensorflow_model_analysis as tfma
 from ml_metadata.proto import metadata_store_pb2
 from tfx import v1 as tfx
 
+from components.baseline_resolver import LatestBlessedBaselineStrategy
 from components.text_example_gen import TextExampleGen
 from pipeline.config import PipelineConfig
 
@@ -100,9 +101,10 @@ def create_pipeline(
         custom_config=config.trainer_custom_config(),
     )
     model_resolver = tfx.dsl.Resolver(
-        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
+        strategy_class=LatestBlessedBaselineStrategy,
         model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
         model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+        candidate=trainer.outputs["model"],
     ).with_id("latest_blessed_model_resolver")
     evaluator = tfx.components.Evaluator(
         examples=example_gen.outputs["examples"],

@@ -89,6 +89,22 @@ def evaluation_metrics(evaluation_uri: str) -> dict[str, float]:
     return metrics
 
 
+def transformed_token_count(post_transform_stats_uri: str) -> Optional[int]:
+    """Total ``token_ids`` values over all transformed splits, from Transform's post-transform stats."""
+    from tensorflow_metadata.proto.v0 import statistics_pb2  # noqa: PLC0415
+
+    path = os.path.join(post_transform_stats_uri, "FeatureStats.pb")
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path, "rb") as f:
+        stats = statistics_pb2.DatasetFeatureStatisticsList.FromString(f.read())
+    for dataset in stats.datasets:
+        for feature in dataset.features:
+            if list(feature.path.step) == ["token_ids"]:
+                return int(feature.num_stats.common_stats.tot_num_values)
+    return None
+
+
 def run_summary(store, pipeline_name: str) -> dict[str, Any]:
     """What the latest execution of each stage produced, as one flat dict."""
     summary: dict[str, Any] = {}
@@ -99,11 +115,13 @@ def run_summary(store, pipeline_name: str) -> dict[str, Any]:
                        bytes=prop(examples, "corpus_bytes"),
                        replaced_invalid_utf8=prop(examples, "corpus_replaced_invalid_utf8"),
                        chunked_documents=prop(examples, "corpus_chunked_documents"))
+    post_stats = _single(latest_outputs(store, pipeline_name, "Transform"), "post_transform_stats")
+    if post_stats is not None:
+        summary["corpus_tokens"] = transformed_token_count(post_stats.uri)
     model_run = _single(latest_outputs(store, pipeline_name, "Trainer"), "model_run")
     training = _read_json(os.path.join(model_run.uri, "training_summary.json")) if model_run else None
     if training:
         summary.update(train_steps=training["train_steps"], train_tokens=training["train_tokens"],
-                       corpus_tokens=training.get("corpus_tokens"),
                        train_tokens_per_second=training["tokens_per_second"],
                        parameters=training["parameters"], final_train_loss=training["final_train_loss"])
     evaluator = latest_outputs(store, pipeline_name, "Evaluator")
