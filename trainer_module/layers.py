@@ -50,9 +50,9 @@ class RMSNorm(keras.layers.Layer):
         self.epsilon = epsilon
 
     def build(self, input_shape):
-        self.scale = self.add_weight(
-            name="scale", shape=[input_shape[-1]], initializer="ones", dtype=tf.float32
-        )
+        # experimental_autocast=False: read as float32 even under a mixed policy.
+        self.scale = self.add_weight(name="scale", shape=[input_shape[-1]], initializer="ones",
+                                     dtype=tf.float32, experimental_autocast=False)
         super().build(input_shape)
 
     def call(self, x):
@@ -308,13 +308,14 @@ class DeepSeekMoE(keras.layers.Layer):
             return keras.initializers.RandomNormal(stddev=0.02)
 
         # The router stays float32 under mixed precision.
-        self.gate = self.add_weight(name="gate", shape=[d, e], initializer=init(), dtype=tf.float32)
+        self.gate = self.add_weight(name="gate", shape=[d, e], initializer=init(), dtype=tf.float32,
+                                    experimental_autocast=False)
         self.expert_bias = self.add_weight(
             name="expert_bias", shape=[e], initializer="zeros", dtype=tf.float32, trainable=False,
-            aggregation=tf.VariableAggregation.MEAN)
+            aggregation=tf.VariableAggregation.MEAN, experimental_autocast=False)
         self.expert_load = self.add_weight(
             name="expert_load", shape=[e], initializer="zeros", dtype=tf.float32, trainable=False,
-            aggregation=tf.VariableAggregation.MEAN)
+            aggregation=tf.VariableAggregation.MEAN, experimental_autocast=False)
         self.w1 = self.add_weight(name="experts_w1", shape=[e, d, i], initializer=init())
         self.w3 = self.add_weight(name="experts_w3", shape=[e, d, i], initializer=init())
         self.w2 = self.add_weight(name="experts_w2", shape=[e, i, d], initializer=init())

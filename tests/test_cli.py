@@ -1,0 +1,65 @@
+"""The CLI's help and its handling of bad corpora: a clear error, exit 2, nothing written or pushed."""
+
+import os
+
+import pytest
+
+from pipeline import cli
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["lineage", "--help"]])
+def test_every_command_has_help(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 0
+    assert "usage: deepseek-tfx" in capsys.readouterr().out
+
+
+def _corpus_missing(tmp_path):
+    return str(tmp_path / "no_such_corpus")
+
+
+def _no_text_files(tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "photo.jpg").write_bytes(b"\xff\xd8\xff")
+    return str(tmp_path / "c")
+
+
+def _only_empty_files(tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_text("")
+    (tmp_path / "c" / "b.md").write_text("")
+    return str(tmp_path / "c")
+
+
+def _binary_among_text(tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_text("Some text.\n")
+    (tmp_path / "c" / "model.txt").write_bytes(b"\x7fELF\x00\x00binary")
+    return str(tmp_path / "c")
+
+
+@pytest.mark.parametrize("make_corpus,message", [
+    (_corpus_missing, "corpus not found: nothing exists at"),
+    (_no_text_files, "no text files in corpus"),
+    (_only_empty_files, "all 2 text file(s) are empty"),
+    (_binary_among_text, "model.txt: binary data (NUL byte at offset 4)"),
+])
+def test_bad_corpus_fails_fast_with_a_clear_error(tmp_path, capsys, make_corpus, message):
+    output = tmp_path / "out"
+    code = cli.main(["run", "--corpus", make_corpus(tmp_path), "--output", str(output), "--preset", "tiny"])
+    assert code == cli.EXIT_USAGE
+    assert message in capsys.readouterr().err
+    assert not os.path.exists(output / "serving_model")
+    assert not os.path.exists(output / "pipeline_root")
+
+
+def test_bad_option_values_name_the_field(tmp_path, capsys):
+    code = cli.main(["run", "--output", str(tmp_path), "--eval-fraction", "1.5"])
+    assert code == cli.EXIT_USAGE
+    assert "PipelineConfig.eval_fraction" in capsys.readouterr().err
+
+
+def test_lineage_without_runs_says_what_to_do(tmp_path, capsys):
+    assert cli.main(["lineage", "--output", str(tmp_path)]) == cli.EXIT_USAGE
+    assert "run `deepseek-tfx run` first" in capsys.readouterr().err

@@ -1,0 +1,91 @@
+"""Model-level checks on tiny shapes: shapes, causality, routing, config round trip, precision."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from trainer_module.config import get_preset
+from trainer_module.layers import DeepSeekMoE, MultiHeadLatentAttention, RMSNorm
+from trainer_module.model import DeepSeekLM
+
+TINY = get_preset("tiny").model.replace(vocab_size=260)
+
+
+@pytest.fixture(autouse=True)
+def _float32_policy():
+    keras.mixed_precision.set_global_policy("float32")
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_logits_shape_and_causality(dense):
+    tf.random.set_seed(0)
+    model = DeepSeekLM(TINY.replace(dense=dense))
+    x = tf.random.uniform([2, 16], 4, 260, tf.int64)
+    logits = model(x)
+    assert logits.shape == (2, 16, 260) and logits.dtype == tf.float32
+    changed = tf.concat([x[:, :9], tf.fill([2, 7], tf.constant(7, tf.int64))], axis=1)
+    np.testing.assert_allclose(model(changed)[:, :9].numpy(), logits[:, :9].numpy(), atol=1e-5)
+    assert not np.allclose(model(changed)[:, 9:].numpy(), logits[:, 9:].numpy())
+
+
+def test_key_mask_makes_left_padding_invisible():
+    model = DeepSeekLM(TINY)
+    x = tf.random.uniform([1, 10], 4, 260, tf.int64)
+    padded = tf.concat([tf.zeros([1, 5], tf.int64), x], axis=1)
+    out = model(padded, key_mask=tf.not_equal(padded, 0))[:, 5:]
+    np.testing.assert_allclose(out.numpy(), model(x).numpy(), atol=1e-4)
+
+
+def test_routing_is_top_k_and_bias_changes_selection_not_weights():
+    moe = DeepSeekMoE(16, 8, n_routed_experts=4, n_shared_experts=1, n_activated_experts=2)
+    x = tf.random.normal([1, 32, 16])
+    moe(x)
+    idx, weights, scores = moe.route(tf.reshape(x, [-1, 16]))
+    assert idx.shape == (32, 2)
+    assert all(len(set(row)) == 2 for row in idx.numpy().tolist())
+    np.testing.assert_allclose(tf.reduce_sum(weights, -1).numpy(), 1.0, rtol=1e-5)
+    moe.expert_bias.assign([10.0, 10.0, 0.0, 0.0])  # forces experts 0 and 1
+    idx_b, weights_b, _ = moe.route(tf.reshape(x, [-1, 16]))
+    assert set(np.unique(idx_b.numpy())) == {0, 1}
+    expected = tf.gather(scores, idx_b, batch_dims=1)
+    np.testing.assert_allclose(weights_b.numpy(), (expected / tf.reduce_sum(expected, -1, keepdims=True)).numpy(),
+                               rtol=1e-5)
+
+
+def test_bias_update_moves_skewed_load_toward_uniform():
+    tf.random.set_seed(0)
+    moe = DeepSeekMoE(16, 8, n_routed_experts=4, n_shared_experts=0, n_activated_experts=1,
+                      bias_update_speed=0.001)
+    x = tf.random.normal([4, 64, 16])
+    moe(x)
+    moe.gate.assign(moe.gate + tf.constant([[0.05, 0.0, 0.0, 0.0]] * 16))  # skew toward expert 0
+    imbalance = []
+    for _ in range(150):
+        moe(x, training=True)
+        load = moe.expert_load.numpy()
+        imbalance.append(load.max() / load.mean())
+    assert imbalance[0] > 1.5
+    assert np.mean(imbalance[-20:]) < 1.2
+    assert moe.expert_bias.numpy()[0] < 0 < moe.expert_bias.numpy()[1:].min()  # overloaded expert pushed down
+
+
+def test_get_config_round_trip():
+    model = DeepSeekLM(TINY)
+    clone = DeepSeekLM.from_config(model.get_config())
+    assert clone.config == model.config
+    layer = MultiHeadLatentAttention(64, 2, 16, 32, 16, 8, 16)
+    assert MultiHeadLatentAttention.from_config(layer.get_config()).get_config() == layer.get_config()
+
+
+def test_mixed_bfloat16_keeps_norms_router_and_logits_in_float32():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    model = DeepSeekLM(TINY)
+    logits = model(tf.random.uniform([1, 8], 4, 260, tf.int64), training=True)
+    assert logits.dtype == tf.float32
+    assert model.blocks[0].attn.kv_norm.scale.dtype == tf.float32
+    moe = model.moe_layers()[0]
+    assert moe.gate.dtype == tf.float32 and moe.compute_dtype == "bfloat16"
+    assert RMSNorm(dtype="mixed_bfloat16")(tf.ones([1, 4], tf.bfloat16)).dtype == tf.bfloat16

@@ -1,0 +1,46 @@
+"""The DAG's components and wiring, without running it."""
+
+import json
+
+from tfx.types import standard_artifacts
+
+from pipeline.config import PipelineConfig
+from pipeline.pipeline import create_pipeline
+
+
+def build(tmp_path, **config):
+    return create_pipeline(
+        pipeline_name="p", pipeline_root=str(tmp_path / "root"), corpus_base="/data",
+        corpus_pattern="span-{SPAN}/*", serving_model_dir=str(tmp_path / "serving"),
+        config=PipelineConfig(preset="tiny", **config), beam_pipeline_args=["--direct_num_workers=2"])
+
+
+def test_components_and_wiring(tmp_path):
+    pipeline = build(tmp_path, train_steps=5, max_perplexity=50.0)
+    nodes = {c.id: c for c in pipeline.components}
+    assert list(nodes) == ["TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator", "Transform",
+                           "Trainer", "latest_blessed_model_resolver", "Evaluator", "Pusher"]
+    examples = nodes["TextExampleGen"].outputs["examples"]
+    assert nodes["StatisticsGen"].inputs["examples"] is examples
+    assert nodes["Transform"].inputs["examples"] is examples
+    assert nodes["Trainer"].inputs["examples"] is nodes["Transform"].outputs["transformed_examples"]
+    assert nodes["Trainer"].inputs["transform_graph"] is nodes["Transform"].outputs["transform_graph"]
+    assert nodes["Evaluator"].inputs["examples"] is examples
+    assert nodes["Evaluator"].inputs["model"] is nodes["Trainer"].outputs["model"]
+    assert nodes["Pusher"].inputs["model_blessing"] is nodes["Evaluator"].outputs["blessing"]
+    assert nodes["Pusher"].inputs["model"] is nodes["Trainer"].outputs["model"]
+    assert nodes["Evaluator"].inputs["baseline_model"].type is standard_artifacts.Model
+    assert pipeline.enable_cache
+    assert pipeline.beam_pipeline_args == ["--direct_num_workers=2"]
+
+
+def test_component_parameters_follow_the_config(tmp_path):
+    nodes = {c.id: c for c in build(tmp_path, train_steps=5, max_perplexity=50.0).components}
+    assert json.loads(nodes["Trainer"].exec_properties["train_args"])["num_steps"] == 5
+    assert nodes["Trainer"].exec_properties["run_fn"] == "trainer_module.trainer.run_fn"
+    assert nodes["Transform"].exec_properties["preprocessing_fn"] == \
+        "trainer_module.preprocessing.preprocessing_fn"
+    eval_config = nodes["Evaluator"].exec_properties["eval_config"]
+    assert "Perplexity" in eval_config and "BitsPerByte" in eval_config and '"upper_bound"' in eval_config
+    assert nodes["Evaluator"].exec_properties["example_splits"] == '["eval"]'
+    assert str(tmp_path / "serving") in nodes["Pusher"].exec_properties["push_destination"]

@@ -1,0 +1,85 @@
+"""Reading rules of TextExampleGen: formats, document splitting, chunking and bad input."""
+
+import gzip
+import json
+
+import pytest
+
+from components import text_corpus
+from components.text_corpus import CorpusError, FileStats, chunk_document, read_documents
+
+
+def docs_of(path, max_chars=4096, field="text"):
+    stats = FileStats(path=str(path))
+    return list(read_documents(str(path), stats, max_chars, field)), stats
+
+
+def test_plain_text_splits_on_blank_lines_and_keeps_inner_whitespace(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_text("First  doc\n\tline two\n\n\n\nSecond doc\n   \nThird\n")
+    docs, stats = docs_of(path)
+    assert docs == ["First  doc\n\tline two", "Second doc", "Third"]
+    assert (stats.documents, stats.bytes) == (3, sum(len(d.encode()) for d in docs))
+
+
+def test_markdown_jsonl_and_gzip(tmp_path):
+    (tmp_path / "n.md").write_text("# Title\n\nBody text\n")
+    with gzip.open(tmp_path / "d.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"text": "one\n\nstill one"}) + "\n\n" + json.dumps({"text": "two"}) + "\n")
+    assert docs_of(tmp_path / "n.md")[0] == ["# Title", "Body text"]
+    assert docs_of(tmp_path / "d.jsonl.gz")[0] == ["one\n\nstill one", "two"]
+
+
+def test_jsonl_errors_name_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "ok"}\n{"body": "no text"}\n')
+    with pytest.raises(CorpusError, match=r"bad.jsonl:2: expected an object with a string field 'text'"):
+        docs_of(path)
+    path.write_text("{not json\n")
+    with pytest.raises(CorpusError, match=r"bad.jsonl:1: not valid JSON"):
+        docs_of(path)
+
+
+def test_binary_file_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "image.txt"
+    path.write_bytes(b"GIF89a\x00\x01\x02" * 10)
+    with pytest.raises(CorpusError, match=r"image.txt: binary data \(NUL byte at offset 6\)"):
+        docs_of(path)
+
+
+def test_invalid_utf8_is_replaced_and_counted(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("caf\xe9 ok\n\nna\xefve\n".encode("latin-1") + "real \ufffd kept\n".encode())
+    docs, stats = docs_of(path)
+    assert docs == ["caf\ufffd ok", "na\ufffdve\nreal \ufffd kept"]
+    assert stats.replaced_invalid_utf8 == 2  # the genuine U+FFFD in the input is not counted
+
+
+def test_a_20_mb_single_line_is_chunked(tmp_path):
+    path = tmp_path / "one_line.txt"
+    word = "abcdefghi "
+    path.write_text(word * 2_000_000)  # 20 MB, no newline at all
+    docs, stats = docs_of(path, max_chars=4096)
+    assert stats.documents == 1 and stats.chunked_documents == 1
+    assert max(len(d) for d in docs) <= 4096
+    assert "".join(docs) == (word * 2_000_000).strip("\n")
+
+
+def test_chunking_prefers_whitespace_and_is_lossless():
+    text = "word " * 100 + "x" * 300
+    chunks = chunk_document(text, 128)
+    assert "".join(chunks) == text
+    assert all(len(c) <= 128 for c in chunks)
+    assert chunks[0].endswith(" ")
+
+
+def test_listing_errors_and_skipped_files(tmp_path):
+    with pytest.raises(CorpusError, match="corpus not found"):
+        text_corpus.list_corpus_files(str(tmp_path / "missing"))
+    (tmp_path / "photo.png").write_bytes(b"\x89PNG")
+    with pytest.raises(CorpusError, match="no text files in corpus"):
+        text_corpus.list_corpus_files(str(tmp_path))
+    (tmp_path / "a.txt").write_text("hi\n")
+    files, skipped = text_corpus.list_corpus_files(str(tmp_path))
+    assert [p.rsplit("/", 1)[1] for p in files] == ["a.txt"]
+    assert [p.rsplit("/", 1)[1] for p in skipped] == ["photo.png"]
