@@ -11,7 +11,7 @@ import warnings
 from typing import Optional, Sequence
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before anything imports TensorFlow
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # google-api-core warns about Python 3.10 on every import, also in each Beam worker process.
 os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
 
@@ -161,6 +161,14 @@ class _ProgressFilter(logging.Filter):
         return record.levelno >= logging.WARNING or bool(self._KEEP.match(record.getMessage()))
 
 
+class _DropBeamWorkerChatter(logging.Filter):
+    """Beam's DirectRunner relays two harmless warnings from every worker it starts."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return "semi_persistent_directory" not in message and "Discarding unparseable args" not in message
+
+
 def _setup_logging() -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
@@ -171,6 +179,7 @@ def _setup_logging() -> None:
     absl_logger = logging.getLogger("absl")
     absl_logger.setLevel(logging.INFO)
     absl_logger.addFilter(_ProgressFilter())
+    logging.getLogger("apache_beam.runners.portability.local_job_service").addFilter(_DropBeamWorkerChatter())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

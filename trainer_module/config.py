@@ -71,6 +71,12 @@ class ModelConfig:
     """Scale applied to the renormalised gate weights of the selected experts."""
     bias_update_speed: float = 0.001
     """Step gamma of the auxiliary-loss-free balancing bias update (DeepSeek-V3, sec. 2.1.2)."""
+    seq_aux_loss_weight: float = 0.0
+    """alpha of the optional sequence-wise balance loss (DeepSeek-V3 eq. 17-20); 0 turns it off."""
+    mtp_depth: int = 0
+    """Multi-token prediction modules (DeepSeek-V3 sec. 2.2): 0 (off) or 1 (also predict token t+2)."""
+    mtp_loss_weight: float = 0.3
+    """lambda: weight of the multi-token prediction loss when mtp_depth is 1."""
     rope_theta: float = 10000.0
     """Base of the rotary embedding frequencies."""
     norm_eps: float = 1e-6
@@ -89,6 +95,9 @@ class ModelConfig:
                  "qk_rope_head_dim", f"must be a positive even number, got {self.qk_rope_head_dim}")
         require_field(0 <= self.n_dense_layers <= self.n_layers, name, "n_dense_layers",
                  f"must be within [0, n_layers={self.n_layers}], got {self.n_dense_layers}")
+        require_field(self.mtp_depth in (0, 1), name, "mtp_depth", f"must be 0 or 1, got {self.mtp_depth}")
+        require_field(self.seq_aux_loss_weight >= 0, name, "seq_aux_loss_weight",
+                      f"must be >= 0, got {self.seq_aux_loss_weight}")
         if not self.dense and self.n_dense_layers < self.n_layers:
             require_field(self.n_routed_experts > 0, name, "n_routed_experts",
                      f"must be > 0 for a MoE model, got {self.n_routed_experts}")
@@ -213,7 +222,30 @@ PRESETS: dict[str, Preset] = {
         train=TrainConfig(batch_size=512, learning_rate=4.2e-4, warmup_steps=2000),
         description="DeepSeek-V2-Lite's shape (15.7B total, 2.4B activated): on paper only.",
     ),
+    "deepseek-v2": Preset(
+        model=ModelConfig(
+            vocab_size=102400, d_model=5120, n_layers=60, n_heads=128, context_len=4096,
+            q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+            v_head_dim=128, inter_dim=12288, moe_inter_dim=1536, n_routed_experts=160,
+            n_shared_experts=2, n_activated_experts=6, n_dense_layers=1, route_scale=16.0,
+        ),
+        train=TrainConfig(batch_size=2304, learning_rate=2.4e-4, warmup_steps=2000),
+        description="DeepSeek-V2's shape (236B total, 21B activated): on paper only.",
+    ),
+    "deepseek-v3": Preset(
+        model=ModelConfig(
+            vocab_size=129280, d_model=7168, n_layers=61, n_heads=128, context_len=4096,
+            q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+            v_head_dim=128, inter_dim=18432, moe_inter_dim=2048, n_routed_experts=256,
+            n_shared_experts=1, n_activated_experts=8, n_dense_layers=3, route_scale=2.5,
+        ),
+        train=TrainConfig(batch_size=15360, learning_rate=2.2e-4, warmup_steps=2000),
+        description="DeepSeek-V3's shape (671B total, 37B activated, without MTP): on paper only.",
+    ),
 }
+
+PAPER_PRESETS = ("deepseek-v2-lite", "deepseek-v2", "deepseek-v3")
+"""Presets that are only counted, never built: they do not fit this machine."""
 
 
 def get_preset(name: str) -> Preset:

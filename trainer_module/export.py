@@ -16,8 +16,11 @@ the SavedModel needs only TensorFlow (and tensorflow_text) to serve.
 Scoring: a document's ids are predicted from ``[EOS] + ids[:-1]`` in
 consecutive windows of ``context_len`` tokens, each window scored
 independently. Generation: the prompt is prefixed with EOS (the document
-separator used in training), truncated from the left to the context, and
-continued one token per step until ``max_new_tokens`` or an EOS.
+separator used in training), truncated from the left to ``context_len - 1``
+tokens, run once through the model to fill the cache (MLA caches only the
+compressed latent and the rotary key), then continued with one cached decode
+step per new token until ``max_new_tokens`` or an EOS. When the cache is full,
+generation restarts the cache from the last half context of text.
 """
 
 from __future__ import annotations
@@ -140,8 +143,9 @@ class LanguageModelModule(tf.Module):
         batch = ids.nrows()
         eos = tf.fill([batch, 1], tf.constant(EOS_ID, tf.int64))
         ids = tf.concat([eos, ids], axis=1)
-        # Left-truncate to the context, then left-pad to a common length; PAD is masked out.
-        lengths = tf.minimum(ids.row_lengths(), t)
+        # Left-truncate to context_len - 1 (one cache slot stays free), then left-pad to a common
+        # length; PAD slots are masked out of attention, so padding does not change the result.
+        lengths = tf.minimum(ids.row_lengths(), t - 1)
         ids = tf.ragged.boolean_mask(
             ids, tf.ragged.range(ids.row_lengths()) >= tf.expand_dims(ids.row_lengths() - lengths, 1))
         longest = tf.reduce_max(lengths)
@@ -149,20 +153,45 @@ class LanguageModelModule(tf.Module):
             tf.fill([tf.reduce_sum(longest - lengths)], tf.constant(PAD_ID, tf.int64)), longest - lengths)
         tokens = tf.concat([pad, ids], axis=1).to_tensor()
         steps = tf.clip_by_value(max_new_tokens, 0, self._max_new_tokens_limit)
+        logits, caches, valid = self._prefill(tokens)
+        position = tf.cast(longest, tf.int32)
 
-        def body(i, tokens, done):
-            window = tokens[:, -t:]
-            logits = self.model(window, key_mask=tf.not_equal(window, PAD_ID), training=False)[:, -1, :]
+        def body(i, tokens, caches, valid, position, logits, done):
             nxt = _sample(logits, temperature, top_k, seed, i)
             nxt = tf.where(done, tf.constant(PAD_ID, tf.int64), nxt)
             done = tf.logical_or(done, tf.equal(nxt, EOS_ID))
-            return i + 1, tf.concat([tokens, nxt[:, None]], axis=1), done
+            tokens = tf.concat([tokens, nxt[:, None]], axis=1)
 
-        _, tokens, _ = tf.while_loop(
-            lambda i, tokens, done: tf.logical_and(i < steps, tf.logical_not(tf.reduce_all(done))),
-            body, [tf.constant(0), tokens, tf.zeros([batch], tf.bool)],
-            shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, None]), tf.TensorShape([None])])
-        return {"text": self._tokenizer.detokenize(tokens[:, longest:])}
+            def step():
+                now_valid = tf.logical_or(valid, tf.cast(tf.one_hot(position, t), tf.bool)[None, :])
+                new_logits, new_caches = self.model.decode_step(nxt, caches, position, now_valid)
+                return new_logits, new_caches, now_valid, position + 1
+
+            def slide():  # cache full: restart from the last half context of text
+                new_logits, new_caches, new_valid = self._prefill(tokens[:, -(t // 2):])
+                return new_logits, new_caches, new_valid, tf.constant(t // 2, tf.int32)
+
+            logits, caches, valid, position = tf.cond(position < t, step, slide)
+            return i + 1, tokens, caches, valid, position, logits, done
+
+        state = [tf.constant(0), tokens, caches, valid, position, logits, tf.zeros([batch], tf.bool)]
+        invariants = tf.nest.map_structure(lambda x: tf.TensorShape([None] * len(x.shape)), state)
+        invariants[0] = invariants[4] = tf.TensorShape([])
+        state = tf.while_loop(
+            lambda i, *rest: tf.logical_and(i < steps, tf.logical_not(tf.reduce_all(rest[-1]))),
+            body, state, shape_invariants=invariants)
+        return {"text": self._tokenizer.detokenize(state[1][:, longest:])}
+
+    def _prefill(self, tokens):
+        """Runs the prompt [B, L] (L < context_len) into a context_len-slot cache.
+
+        Returns (last-position logits [B, V], caches, valid-slot mask [B, context_len]).
+        """
+        t = self._context_len
+        mask = tf.not_equal(tokens, PAD_ID)
+        logits, caches = self.model.prefill(tokens, cache_len=t, key_mask=mask)
+        valid = tf.pad(mask, [[0, 0], [0, t - tf.shape(tokens)[1]]])
+        return logits[:, -1, :], caches, valid
 
 
 def export_serving_model(model: DeepSeekLM, tf_transform_output, tokenizer, export_dir: str,

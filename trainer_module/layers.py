@@ -96,6 +96,13 @@ def _attention_bias(t: int, s: int, offset, key_mask) -> tf.Tensor:
     return tf.where(allowed, 0.0, -1e9)
 
 
+def _write(cache: tf.Tensor, new: tf.Tensor, position) -> tf.Tensor:
+    """cache [B, S, ...] with new [B, 1, ...] written at time ``position``."""
+    s = tf.shape(cache)[1]
+    at = tf.reshape(tf.one_hot(position, s, dtype=cache.dtype), [1, -1] + [1] * (len(cache.shape) - 2))
+    return cache * (1 - at) + new * at
+
+
 class SwiGLU(keras.layers.Layer):
     """Gated feed-forward w2(silu(w1 x) * w3 x).
 
@@ -200,11 +207,45 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         return self.wo(out)
 
     def call(self, x, key_mask=None):
+        return self.prefill(x, key_mask)[0]
+
+    def prefill(self, x, key_mask=None, cache_len=None):
+        """Full causal attention over x [B, T, D]; also returns the cache (c_kv, k_pe) padded to cache_len."""
         t = tf.shape(x)[1]
         cos, sin = rope_angles(tf.range(t)[None, :], self.qk_rope_head_dim, self.rope_theta)
         q_nope, q_pe = self._queries(x, cos, sin)
         c_kv, k_pe = self.latent(x, cos, sin)
-        return self.attend(q_nope, q_pe, c_kv, k_pe, _attention_bias(t, t, 0, key_mask))
+        out = self.attend(q_nope, q_pe, c_kv, k_pe, _attention_bias(t, t, 0, key_mask))
+        if cache_len is not None:
+            pad = [[0, 0], [0, cache_len - t], [0, 0]]
+            c_kv, k_pe = tf.pad(c_kv, pad), tf.pad(k_pe, pad)
+        return out, (c_kv, k_pe)
+
+    def decode(self, x, cache, position, key_mask=None):
+        """One new token per row, x [B, 1, D] at ``position``, attending over the cache.
+
+        ``cache`` is (c_kv [B, S, C], k_pe [B, S, R]); the new token's latent is
+        written at ``position`` and the updated cache returned. Attention runs in
+        the absorbed form: W_UK is folded into the query and W_UV into the output,
+        so per-head keys and values are never rebuilt from the cache.
+        """
+        cos, sin = rope_angles(tf.reshape(position, [1, 1]), self.qk_rope_head_dim, self.rope_theta)
+        q_nope, q_pe = self._queries(x, cos, sin)
+        c_new, k_new = self.latent(x, cos, sin)
+        c_kv = _write(cache[0], c_new, position)
+        k_pe = _write(cache[1], k_new, position)
+        kernel = tf.cast(self.wkv_b.kernel, x.dtype)
+        w = tf.reshape(kernel, [self.kv_lora_rank, self.n_heads, self.qk_nope_head_dim + self.v_head_dim])
+        w_uk, w_uv = tf.split(w, [self.qk_nope_head_dim, self.v_head_dim], axis=-1)  # CHd
+        q_latent = tf.einsum("bthd,chd->bthc", q_nope, w_uk)
+        scores = tf.einsum("bthc,bsc->bhts", q_latent, c_kv) + tf.einsum("bthr,bsr->bhts", q_pe, k_pe)
+        s = tf.shape(c_kv)[1]
+        bias = _attention_bias(1, s, position, key_mask)
+        probs = tf.nn.softmax(tf.cast(scores, tf.float32) * self.softmax_scale + bias, axis=-1)
+        out_latent = tf.einsum("bhts,bsc->bthc", tf.cast(probs, c_kv.dtype), c_kv)
+        out = tf.einsum("bthc,chd->bthd", out_latent, w_uv)
+        out = tf.reshape(out, tf.concat([tf.shape(out)[:2], [self.n_heads * self.v_head_dim]], 0))
+        return self.wo(out), (c_kv, k_pe)
 
     def get_config(self):
         return {
@@ -240,16 +281,36 @@ class MultiHeadAttention(keras.layers.Layer):
         self.wqkv = _dense(3 * d_model, "wqkv", self.dtype_policy)
         self.wo = _dense(d_model, "wo", self.dtype_policy)
 
-    def call(self, x, key_mask=None):
-        t = tf.shape(x)[1]
+    def _qkv(self, x, positions):
         qkv = tf.reshape(self.wqkv(x), tf.concat([tf.shape(x)[:2], [3, self.n_heads, self.head_dim]], 0))
         q, k, v = tf.unstack(qkv, axis=2)  # BTHd each
-        cos, sin = rope_angles(tf.range(t)[None, :], self.head_dim, self.rope_theta)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _attend(self, q, k, v, bias):
         scores = tf.cast(tf.einsum("bthd,bshd->bhts", q, k), tf.float32) / math.sqrt(self.head_dim)
-        probs = tf.cast(tf.nn.softmax(scores + _attention_bias(t, t, 0, key_mask), -1), v.dtype)
+        probs = tf.cast(tf.nn.softmax(scores + bias, -1), v.dtype)
         out = tf.einsum("bhts,bshd->bthd", probs, v)
-        return self.wo(tf.reshape(out, tf.concat([tf.shape(x)[:2], [self.d_model]], 0)))
+        return self.wo(tf.reshape(out, tf.concat([tf.shape(q)[:2], [self.d_model]], 0)))
+
+    def call(self, x, key_mask=None):
+        return self.prefill(x, key_mask)[0]
+
+    def prefill(self, x, key_mask=None, cache_len=None):
+        """Causal attention over x [B, T, D]; also returns the (k, v) cache padded to cache_len."""
+        t = tf.shape(x)[1]
+        q, k, v = self._qkv(x, tf.range(t)[None, :])
+        out = self._attend(q, k, v, _attention_bias(t, t, 0, key_mask))
+        if cache_len is not None:
+            pad = [[0, 0], [0, cache_len - t], [0, 0], [0, 0]]
+            k, v = tf.pad(k, pad), tf.pad(v, pad)
+        return out, (k, v)
+
+    def decode(self, x, cache, position, key_mask=None):
+        """One new token per row at ``position``; cache is full keys and values [B, S, H, d]."""
+        q, k_new, v_new = self._qkv(x, tf.reshape(position, [1, 1]))
+        k, v = _write(cache[0], k_new, position), _write(cache[1], v_new, position)
+        return self._attend(q, k, v, _attention_bias(1, tf.shape(k)[1], position, key_mask)), (k, v)
 
     def get_config(self):
         return {**super().get_config(), "d_model": self.d_model, "n_heads": self.n_heads,

@@ -78,8 +78,11 @@ class TrainLoop:
     def _replica_step(self, x, y):
         replicas = self.strategy.num_replicas_in_sync
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(token_nll(self.model(x, training=True), y))
+            logits, mtp_logits = self.model.train_logits(x)
+            loss = tf.reduce_mean(token_nll(logits, y))
             aux = tf.add_n(self.model.losses) if self.model.losses else 0.0
+            if mtp_logits is not None:  # position i also predicts token i+2 = y[i+1]
+                aux += self.model.config.mtp_loss_weight * tf.reduce_mean(token_nll(mtp_logits, y[:, 1:]))
             objective = (loss + aux) / replicas
             if self._scaled:
                 objective = self.optimizer.get_scaled_loss(objective)

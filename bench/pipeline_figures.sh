@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Issue 2's figures: wall time and peak memory of the README's run command (fresh output directory,
+# after install) and of the end-to-end test. Prints one `measure:` line for each.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+make install >/dev/null
+rm -rf deepseek_tfx_output
+.venv/bin/python bench/measure.py -- make run
+.venv/bin/python bench/measure.py -- .venv/bin/python -m pytest -q tests/test_e2e.py
