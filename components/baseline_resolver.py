@@ -42,3 +42,57 @@ class LatestBlessedBaselineStrategy(resolver.ResolverStrategy):
                 {MODEL_KEY: models, BLESSING_KEY: blessings}, MODEL_KEY, BLESSING_KEY)
         result[CANDIDATE_KEY] = list(input_dict.get(CANDIDATE_KEY, []))
         return result
+
+
+TOKENIZER_KEY = "tokenizer"
+EXAMPLES_KEY = "examples"
+
+
+def _input_ids(store, execution_id: int, key: str) -> list[int]:
+    from ml_metadata.proto import metadata_store_pb2  # noqa: PLC0415
+
+    return [e.artifact_id for e in store.get_events_by_execution_ids([execution_id])
+            if e.type == metadata_store_pb2.Event.INPUT and e.path.steps and e.path.steps[0].key == key]
+
+
+def _producer_id(store, artifact_id: int):
+    from ml_metadata.proto import metadata_store_pb2  # noqa: PLC0415
+
+    outputs = [e.execution_id for e in store.get_events_by_artifact_ids([artifact_id])
+               if e.type == metadata_store_pb2.Event.OUTPUT]
+    return outputs[0] if outputs else None
+
+
+class BlessedModelTokenizerStrategy(resolver.ResolverStrategy):
+    """Resolves {tokenizer}: the tokenizer the latest blessed model was trained with, for reuse.
+
+    Inputs: ``model`` and ``model_blessing`` (all), ``tokenizer`` (all Tokenizers) and
+    ``examples`` (this run's ExampleGen output). To keep reruns cached, when the
+    blessed model's tokenizer was itself made from these same examples, the
+    result is what that TokenizerGen execution was given (so its inputs repeat).
+    """
+
+    def resolve_artifacts(self, store, input_dict: Dict[str, List[types.Artifact]]
+                          ) -> Optional[Dict[str, List[types.Artifact]]]:
+        models, blessings = input_dict.get(MODEL_KEY, []), input_dict.get(BLESSING_KEY, [])
+        tokenizers = {t.id: t for t in input_dict.get(TOKENIZER_KEY, [])}
+        current = {e.id for e in input_dict.get(EXAMPLES_KEY, [])}
+        # A resolver returns every input key; only ``tokenizer`` is consumed downstream.
+        result = {MODEL_KEY: [], BLESSING_KEY: [], TOKENIZER_KEY: [],
+                  EXAMPLES_KEY: list(input_dict.get(EXAMPLES_KEY, []))}
+        if not (models and blessings):
+            return result
+        result.update(LatestBlessedModelStrategy()._resolve(  # noqa: SLF001
+            {MODEL_KEY: list(models), BLESSING_KEY: list(blessings)}, MODEL_KEY, BLESSING_KEY))
+        blessed = result[MODEL_KEY]
+        trainer = _producer_id(store, blessed[0].id) if blessed else None
+        used = _input_ids(store, trainer, TOKENIZER_KEY) if trainer is not None else []
+        if not used or used[0] not in tokenizers:
+            return result
+        generator = _producer_id(store, used[0])
+        if generator is not None and current & set(_input_ids(store, generator, EXAMPLES_KEY)):
+            result[TOKENIZER_KEY] = [tokenizers[i] for i in _input_ids(store, generator, "base_tokenizer")
+                                     if i in tokenizers]
+        else:
+            result[TOKENIZER_KEY] = [tokenizers[used[0]]]
+        return result

@@ -21,7 +21,7 @@ EXIT_FAILED = 1
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from trainer_module.config import PRESETS  # light import: dataclasses only
+    from trainer_module.config import PAPER_PRESETS, PRESETS  # light import: dataclasses only
 
     parser = argparse.ArgumentParser(
         prog="deepseek-tfx",
@@ -36,8 +36,8 @@ def _build_parser() -> argparse.ArgumentParser:
                           "with {SPAN}; default: the built-in Python documentation corpus")
     run.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
                      help=f"output directory (default: {DEFAULT_OUTPUT})")
-    run.add_argument("--preset", default="small", choices=sorted(PRESETS),
-                     help="model preset (default: small)")
+    run.add_argument("--preset", default="small", choices=sorted(set(PRESETS) - set(PAPER_PRESETS)),
+                     help="model preset (default: small); the paper-sized presets are counted, not built")
     run.add_argument("--train-steps", type=int, metavar="N", help="trainer steps (default: the preset's)")
     run.add_argument("--eval-fraction", type=float, default=0.1, metavar="F",
                      help="share of documents in the eval split (default: 0.1)")
@@ -45,6 +45,15 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="bless only below this eval bits per byte (default: 4.0)")
     run.add_argument("--max-perplexity", type=float, metavar="X",
                      help="bless only below this eval perplexity (default: no bound)")
+    run.add_argument("--tokenizer", choices=("sentencepiece", "byte"), default="sentencepiece",
+                     help="learned SentencePiece subwords (default) or plain UTF-8 bytes")
+    run.add_argument("--tokenizer-model", choices=("bpe", "unigram"), default="bpe",
+                     help="SentencePiece algorithm (default: bpe)")
+    run.add_argument("--vocab-size", type=int, default=2048, metavar="N",
+                     help="SentencePiece vocabulary size incl. 4 reserved ids and 256 byte pieces "
+                          "(default: 2048; reduced, with a warning, when the corpus is too small)")
+    run.add_argument("--retrain-tokenizer", action="store_true",
+                     help="learn a new tokenizer even if a blessed model exists (default: reuse its tokenizer)")
     run.add_argument("--beam-arg", action="append", default=[], metavar="ARG",
                      help="extra Beam pipeline option, repeatable, e.g. --beam-arg=--runner=DataflowRunner")
     run.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
@@ -101,12 +110,15 @@ def _cmd_run(args) -> int:
     from components.text_corpus import CorpusError
     from pipeline import local_runner
     from pipeline.config import PipelineConfig
-    from trainer_module.config import ConfigError
+    from trainer_module.config import ConfigError, TokenizerConfig
 
     try:
+        tokenizer = TokenizerConfig(kind=args.tokenizer, model_type=args.tokenizer_model,
+                                    vocab_size=args.vocab_size)
         config = PipelineConfig(preset=args.preset, train_steps=args.train_steps,
                                 eval_fraction=args.eval_fraction, max_bits_per_byte=args.max_bits_per_byte,
-                                max_perplexity=args.max_perplexity)
+                                max_perplexity=args.max_perplexity, tokenizer=tokenizer,
+                                retrain_tokenizer=args.retrain_tokenizer)
         metadata = _metadata(args.metadata, args.output)
     except (ConfigError, ValueError) as e:
         print(f"deepseek-tfx: error: {e}", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from trainer_module.config import ConfigError, require_field, get_preset
+from trainer_module.config import ConfigError, TokenizerConfig, get_preset, require_field
 
 PIPELINE_NAME = "deepseek-tfx"
 MODEL_NAME = "deepseek"
@@ -33,6 +33,10 @@ class PipelineConfig:
     """A candidate may be worse than the last blessed model by at most this much perplexity."""
     model_name: str = MODEL_NAME
     """Name of the model directory under the serving base directory."""
+    tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
+    """What TokenizerGen learns when it learns a tokenizer."""
+    retrain_tokenizer: bool = False
+    """Learn a new tokenizer even when a blessed model exists (default: reuse the blessed model's)."""
 
     def __post_init__(self):
         name = type(self).__name__

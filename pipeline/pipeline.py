@@ -1,7 +1,8 @@
 """``create_pipeline``: the DAG, as a pure function of its arguments.
 
 corpus -> TextExampleGen -> StatisticsGen -> SchemaGen -> ExampleValidator
-       -> Transform (tokenize) -> Trainer -> Evaluator (gate vs. latest blessed) -> Pusher
+       -> TokenizerGen (learn subwords) -> Transform (tokenize) -> Trainer
+       -> Evaluator (gate vs. latest blessed) -> Pusher
 
 Runners set paths, metadata and the orchestrator, then call this; nothing here
 reads the environment or invents paths.
@@ -15,8 +16,10 @@ import tensorflow_model_analysis as tfma
 from ml_metadata.proto import metadata_store_pb2
 from tfx import v1 as tfx
 
-from components.baseline_resolver import LatestBlessedBaselineStrategy
+from components.baseline_resolver import BlessedModelTokenizerStrategy, LatestBlessedBaselineStrategy
 from components.text_example_gen import TextExampleGen
+from components.tokenizer_consumers import TokenizingTrainer, TokenizingTransform
+from components.tokenizer_gen import Tokenizer, TokenizerGen
 from pipeline.config import PipelineConfig
 
 PREPROCESSING_FN = "trainer_module.preprocessing.preprocessing_fn"
@@ -86,20 +89,34 @@ def create_pipeline(
                                           infer_feature_shape=True)
     example_validator = tfx.components.ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"])
-    transform = tfx.components.Transform(
+    tokenizer_resolver = None
+    if not config.retrain_tokenizer:  # reuse the blessed model's tokenizer, so warm starts stay valid
+        tokenizer_resolver = tfx.dsl.Resolver(
+            strategy_class=BlessedModelTokenizerStrategy,
+            model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+            model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+            tokenizer=tfx.dsl.Channel(type=Tokenizer),
+            examples=example_gen.outputs["examples"],
+        ).with_id("blessed_model_tokenizer_resolver")
+    tokenizer_gen = TokenizerGen(
+        examples=example_gen.outputs["examples"], config=config.tokenizer,
+        base_tokenizer=tokenizer_resolver.outputs["tokenizer"] if tokenizer_resolver else None)
+    transform = TokenizingTransform(
         examples=example_gen.outputs["examples"],
         schema=schema_gen.outputs["schema"],
+        tokenizer=tokenizer_gen.outputs["tokenizer"],
         preprocessing_fn=PREPROCESSING_FN,
-    )
-    trainer = tfx.components.Trainer(
+    ).with_id("Transform")
+    trainer = TokenizingTrainer(
         run_fn=RUN_FN,
         examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"],
         schema=schema_gen.outputs["schema"],
+        tokenizer=tokenizer_gen.outputs["tokenizer"],
         train_args=tfx.proto.TrainArgs(num_steps=config.resolved_train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=0),
         custom_config=config.trainer_custom_config(),
-    )
+    ).with_id("Trainer")
     model_resolver = tfx.dsl.Resolver(
         strategy_class=LatestBlessedBaselineStrategy,
         model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
@@ -122,7 +139,8 @@ def create_pipeline(
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,
-        components=[example_gen, statistics_gen, schema_gen, example_validator, transform, trainer,
+        components=[example_gen, statistics_gen, schema_gen, example_validator,
+                    *([tokenizer_resolver] if tokenizer_resolver else []), tokenizer_gen, transform, trainer,
                     model_resolver, evaluator, pusher],
         enable_cache=enable_cache,
         metadata_connection_config=metadata_connection_config,

@@ -11,13 +11,17 @@ from ml_metadata.proto import metadata_store_pb2
 
 from pipeline import cli, local_runner, report
 from pipeline.config import PIPELINE_NAME, PipelineConfig
+from trainer_module.config import TokenizerConfig
 
 pytestmark = pytest.mark.slow
 
-COMPONENTS = ["TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator", "Transform", "Trainer",
+COMPONENTS = ["TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator",
+              "blessed_model_tokenizer_resolver", "TokenizerGen", "Transform", "Trainer",
               "latest_blessed_model_resolver", "Evaluator", "Pusher"]
+RESOLVERS = ("blessed_model_tokenizer_resolver", "latest_blessed_model_resolver")
 SLICE_BYTES = 200_000
-CONFIG = PipelineConfig(preset="tiny", train_steps=60, max_bits_per_byte=6.0)
+CONFIG = PipelineConfig(preset="tiny", train_steps=60, max_bits_per_byte=6.0,
+                        tokenizer=TokenizerConfig(vocab_size=512))
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +62,18 @@ def test_examples_record_what_was_read(first_run):
     assert report.prop(examples, "span") == 0
     summary = first_run["summary"]
     assert summary["documents"] == report.prop(examples, "corpus_documents") > 1000
-    assert summary["corpus_tokens"] == summary["bytes"]  # byte-level tokenizer: one token per byte
+    assert summary["corpus_tokens"] < 0.6 * summary["bytes"]  # learned subwords: fewer tokens than bytes
+    tokenizer = report.latest_outputs(store, PIPELINE_NAME, "TokenizerGen")["tokenizer"][0]
+    assert report.prop(tokenizer, "tokenizer_type") == "bpe"
+    assert report.prop(tokenizer, "vocab_size") == 512 and report.prop(tokenizer, "span") == 0
+    assert 1000 < report.prop(tokenizer, "sample_size") <= TokenizerConfig().max_sentences
 
 
 def test_model_learned_was_blessed_and_pushed(first_run):
     summary = first_run["summary"]
     assert summary["train_steps"] == 60
-    assert summary["eval_perplexity"] < 30  # uniform over the 260-token vocabulary would be 260
-    assert summary["eval_bits_per_byte"] < 6.0
+    assert summary["eval_perplexity"] < 512 / 4  # uniform over the 512-piece vocabulary would be 512
+    assert summary["eval_bits_per_byte"] < 4.5
     assert summary["blessed"] is True
     version_dir = summary["pushed_model_path"]
     assert version_dir == os.path.join(first_run["output"], "serving_model", "deepseek", summary["pushed_version"])
@@ -118,7 +126,7 @@ def test_pushed_model_generates_in_a_fresh_process(first_run):
     answer = json.loads(result.stdout.strip().splitlines()[-1])
     assert answer["project_modules"] == []
     assert len(answer["texts"]) == 2 and all(len(t) > 0 for t in answer["texts"])
-    assert 1.0 < answer["perplexity"] < 260
+    assert 1.0 < answer["perplexity"] < 512
 
 
 def test_second_run_reexecutes_nothing(first_run):
@@ -128,6 +136,6 @@ def test_second_run_reexecutes_nothing(first_run):
     local_runner.run(output=str(first_run["output"]), config=CONFIG, corpus=str(first_run["corpus"]))
     new = collections.Counter(_executions(store)) - before
     assert new == collections.Counter(
-        {(node, "CACHED"): 1 for node in COMPONENTS if node != "latest_blessed_model_resolver"}
-        | {("latest_blessed_model_resolver", "COMPLETE"): 1})  # a resolver only queries MLMD
+        {(node, "CACHED"): 1 for node in COMPONENTS if node not in RESOLVERS}
+        | {(node, "COMPLETE"): 1 for node in RESOLVERS})  # a resolver only queries MLMD
     assert sorted(os.listdir(first_run["output"] / "serving_model" / "deepseek")) == versions

@@ -18,11 +18,18 @@ def build(tmp_path, **config):
 def test_components_and_wiring(tmp_path):
     pipeline = build(tmp_path, train_steps=5, max_perplexity=50.0)
     nodes = {c.id: c for c in pipeline.components}
-    assert list(nodes) == ["TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator", "Transform",
-                           "Trainer", "latest_blessed_model_resolver", "Evaluator", "Pusher"]
+    assert set(nodes) == {"TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator",
+                          "blessed_model_tokenizer_resolver", "TokenizerGen", "Transform", "Trainer",
+                          "latest_blessed_model_resolver", "Evaluator", "Pusher"}
     examples = nodes["TextExampleGen"].outputs["examples"]
     assert nodes["StatisticsGen"].inputs["examples"] is examples
     assert nodes["Transform"].inputs["examples"] is examples
+    assert nodes["TokenizerGen"].inputs["examples"] is examples
+    tokenizer = nodes["TokenizerGen"].outputs["tokenizer"]
+    assert nodes["Transform"].inputs["tokenizer"] is tokenizer
+    assert nodes["Trainer"].inputs["tokenizer"] is tokenizer
+    assert nodes["TokenizerGen"].inputs["base_tokenizer"] is \
+        nodes["blessed_model_tokenizer_resolver"].outputs["tokenizer"]
     assert nodes["Trainer"].inputs["examples"] is nodes["Transform"].outputs["transformed_examples"]
     assert nodes["Trainer"].inputs["transform_graph"] is nodes["Transform"].outputs["transform_graph"]
     assert nodes["Evaluator"].inputs["examples"] is examples
@@ -44,3 +51,9 @@ def test_component_parameters_follow_the_config(tmp_path):
     assert "Perplexity" in eval_config and "BitsPerByte" in eval_config and '"upper_bound"' in eval_config
     assert nodes["Evaluator"].exec_properties["example_splits"] == '["eval"]'
     assert str(tmp_path / "serving") in nodes["Pusher"].exec_properties["push_destination"]
+
+
+def test_retrain_tokenizer_drops_the_reuse(tmp_path):
+    nodes = {c.id: c for c in build(tmp_path, retrain_tokenizer=True).components}
+    assert "blessed_model_tokenizer_resolver" not in nodes
+    assert "base_tokenizer" not in nodes["TokenizerGen"].inputs

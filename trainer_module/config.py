@@ -186,6 +186,40 @@ class TrainConfig:
         return dataclasses.replace(self, **changes)
 
 
+MIN_SENTENCEPIECE_VOCAB = 4 + 256 + 1
+"""4 reserved ids + 256 byte-fallback pieces + at least one learned piece."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerConfig:
+    """The tokenizer TokenizerGen learns from the train split."""
+
+    kind: str = "sentencepiece"
+    """sentencepiece (learned subwords, byte fallback) or byte (UTF-8 bytes, nothing learned)."""
+    model_type: str = "bpe"
+    """SentencePiece algorithm: bpe or unigram."""
+    vocab_size: int = 2048
+    """Pieces including the 4 reserved ids and 256 byte-fallback pieces; suits ~1 MB corpora."""
+    max_sentences: int = 200_000
+    """Cap on the lines sampled from the train split to learn from (bounds memory)."""
+    seed: int = 1234
+    """Seed of the deterministic line sample."""
+
+    def __post_init__(self):
+        name = type(self).__name__
+        require_field(self.kind in ("sentencepiece", "byte"), name, "kind",
+                      f"must be sentencepiece or byte, got {self.kind!r}")
+        require_field(self.model_type in ("bpe", "unigram"), name, "model_type",
+                      f"must be bpe or unigram, got {self.model_type!r}")
+        require_field(self.kind == "byte" or self.vocab_size >= MIN_SENTENCEPIECE_VOCAB, name, "vocab_size",
+                      f"must be >= {MIN_SENTENCEPIECE_VOCAB} (4 reserved ids + 256 byte-fallback pieces + "
+                      f"1 learned piece), got {self.vocab_size}")
+        require_field(self.max_sentences > 0, name, "max_sentences", f"must be > 0, got {self.max_sentences}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclasses.dataclass(frozen=True)
 class Preset:
     """A named model shape with the training recipe that suits it."""

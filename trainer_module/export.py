@@ -94,6 +94,8 @@ class LanguageModelModule(tf.Module):
         self.tft_layer = tft_layer
         self._raw_feature_spec = raw_feature_spec
         self._tokenizer = tokenizer
+        if hasattr(tokenizer, "sp"):  # the SentencePiece op's resource must be tracked to be saved
+            self.sentencepiece = tokenizer.sp
         self._context_len = model.config.context_len
         self._max_new_tokens_limit = max_new_tokens_limit
 
@@ -210,5 +212,6 @@ def export_serving_model(model: DeepSeekLM, tf_transform_output, tokenizer, expo
     tf.io.gfile.makedirs(extra)
     with tf.io.gfile.GFile(os.path.join(extra, CONFIG_FILE), "w") as f:
         json.dump({"model": model.config.to_dict(), "tokenizer": tokenizer.kind,
+                   "vocab_size": tokenizer.vocab_size,
                    "max_new_tokens_limit": max_new_tokens_limit, **(extra_config or {})},
                   f, indent=2, sort_keys=True)

@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from trainer_module.tokenizer import ByteTokenizer
+from trainer_module.tokenizer import load_tokenizer
 
 TEXT = "text"
+TOKENIZER_DIR = "tokenizer_dir"
 
 
-def preprocessing_fn(inputs: dict) -> dict:
+def preprocessing_fn(inputs: dict, custom_config: dict | None = None) -> dict:
+    """Tokenizes with the tokenizer in ``custom_config['tokenizer_dir']`` (the Tokenizer artifact)."""
     text = inputs[TEXT]
     if isinstance(text, tf.SparseTensor):
         text = tf.sparse.to_dense(text, default_value="")
     text = tf.reshape(text, [-1])
-    ids = ByteTokenizer().tokenize(text)
+    ids = load_tokenizer((custom_config or {}).get(TOKENIZER_DIR)).tokenize(text)
     return {
         "token_ids": ids.to_sparse(),
         "num_bytes": tf.cast(tf.strings.length(text, unit="BYTE"), tf.int64),

@@ -20,7 +20,7 @@ from trainer_module import data, export
 from trainer_module.config import ModelConfig, TrainConfig
 from trainer_module.model import DeepSeekLM
 from trainer_module.train_loop import TrainLoop, make_optimizer
-from trainer_module.tokenizer import ByteTokenizer
+from trainer_module.tokenizer import load_tokenizer
 
 log = logging.getLogger(f"deepseek_tfx.{__name__}")
 SUMMARY_FILE = "training_summary.json"
@@ -47,7 +47,7 @@ def run_fn(fn_args) -> None:
     """TFX Trainer entry point."""
     custom = fn_args.custom_config or {}
     train_cfg = TrainConfig.from_dict(custom.get("train", {})).replace(train_steps=fn_args.train_steps)
-    tokenizer = ByteTokenizer()
+    tokenizer = load_tokenizer(custom.get("tokenizer_dir"))
     model_cfg = ModelConfig.from_dict(custom.get("model", {})).replace(vocab_size=tokenizer.vocab_size)
     tf_transform_output = tft.TFTransformOutput(fn_args.transform_output)
 

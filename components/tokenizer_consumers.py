@@ -1,0 +1,111 @@
+"""Transform and Trainer that also take the ``Tokenizer`` artifact as an input.
+
+Each extends the standard component's spec with a ``tokenizer`` channel and
+delegates to the standard executor, after putting the tokenizer's directory
+into ``custom_config['tokenizer_dir']``. So the tokenizer is an MLMD input of
+both (lineage and caching see it), and no stage guesses another's paths.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from tfx import types
+from tfx.components.trainer import executor as trainer_executor
+from tfx.components.transform import executor as transform_executor
+from tfx.dsl.components.base import base_beam_component, base_component, executor_spec
+from tfx.proto import trainer_pb2
+from tfx.types import artifact_utils, standard_artifacts, standard_component_specs
+from tfx.types.component_spec import ChannelParameter
+from tfx.utils import json_utils
+
+from components.tokenizer_gen import Tokenizer
+
+TOKENIZER_KEY = "tokenizer"
+TOKENIZER_DIR = "tokenizer_dir"
+
+
+def _with_tokenizer_dir(input_dict, exec_properties) -> tuple[dict, dict]:
+    tokenizer = artifact_utils.get_single_instance(input_dict[TOKENIZER_KEY])
+    custom = json.loads(exec_properties.get(standard_component_specs.CUSTOM_CONFIG_KEY) or "null") or {}
+    custom[TOKENIZER_DIR] = tokenizer.uri
+    exec_properties = {**exec_properties, standard_component_specs.CUSTOM_CONFIG_KEY: json.dumps(custom)}
+    return {k: v for k, v in input_dict.items() if k != TOKENIZER_KEY}, exec_properties
+
+
+class _TransformExecutor(transform_executor.Executor):
+    def Do(self, input_dict, output_dict, exec_properties) -> None:  # noqa: N802
+        inputs, properties = _with_tokenizer_dir(input_dict, exec_properties)
+        super().Do(inputs, output_dict, properties)
+
+
+class _TrainerExecutor(trainer_executor.GenericExecutor):
+    def Do(self, input_dict, output_dict, exec_properties) -> None:  # noqa: N802
+        inputs, properties = _with_tokenizer_dir(input_dict, exec_properties)
+        super().Do(inputs, output_dict, properties)
+
+
+class TokenizingTransformSpec(standard_component_specs.TransformSpec):
+    INPUTS = {**standard_component_specs.TransformSpec.INPUTS,
+              TOKENIZER_KEY: ChannelParameter(type=Tokenizer)}
+
+
+class TokenizingTrainerSpec(standard_component_specs.TrainerSpec):
+    INPUTS = {**standard_component_specs.TrainerSpec.INPUTS,
+              TOKENIZER_KEY: ChannelParameter(type=Tokenizer)}
+
+
+class TokenizingTransform(base_beam_component.BaseBeamComponent):
+    """TFX Transform whose ``preprocessing_fn(inputs, custom_config)`` gets the tokenizer's directory.
+
+    Args:
+        examples, schema: as for Transform.
+        tokenizer: channel of the Tokenizer to apply.
+        preprocessing_fn: module path of the preprocessing function.
+        custom_config: extra configuration for ``preprocessing_fn``.
+    """
+
+    SPEC_CLASS = TokenizingTransformSpec
+    EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(_TransformExecutor)
+
+    def __init__(self, examples, schema, tokenizer, preprocessing_fn: str,
+                 custom_config: Optional[dict[str, Any]] = None):
+        channel = types.Channel
+        super().__init__(spec=TokenizingTransformSpec(
+            examples=examples, schema=schema, tokenizer=tokenizer, preprocessing_fn=preprocessing_fn,
+            force_tf_compat_v1=0, custom_config=json_utils.dumps(custom_config or {}),
+            disable_statistics=0,
+            transform_graph=channel(type=standard_artifacts.TransformGraph),
+            transformed_examples=channel(type=standard_artifacts.Examples),
+            updated_analyzer_cache=channel(type=standard_artifacts.TransformCache),
+            pre_transform_schema=channel(type=standard_artifacts.Schema),
+            pre_transform_stats=channel(type=standard_artifacts.ExampleStatistics),
+            post_transform_schema=channel(type=standard_artifacts.Schema),
+            post_transform_stats=channel(type=standard_artifacts.ExampleStatistics),
+            post_transform_anomalies=channel(type=standard_artifacts.ExampleAnomalies)))
+
+
+class TokenizingTrainer(base_component.BaseComponent):
+    """TFX Trainer (generic executor) whose ``run_fn`` finds the tokenizer in ``custom_config``.
+
+    Args:
+        examples, transform_graph, schema, base_model, train_args, eval_args: as for Trainer.
+        tokenizer: channel of the Tokenizer the examples were made with.
+        run_fn: module path of the run function.
+        custom_config: extra configuration for ``run_fn``.
+    """
+
+    SPEC_CLASS = TokenizingTrainerSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(_TrainerExecutor)
+
+    def __init__(self, examples, transform_graph, schema, tokenizer, run_fn: str,
+                 train_args: trainer_pb2.TrainArgs, eval_args: Optional[trainer_pb2.EvalArgs] = None,
+                 base_model=None, custom_config: Optional[dict[str, Any]] = None):
+        super().__init__(spec=TokenizingTrainerSpec(
+            examples=examples, transform_graph=transform_graph, schema=schema, tokenizer=tokenizer,
+            base_model=base_model, run_fn=run_fn, train_args=train_args,
+            eval_args=eval_args or trainer_pb2.EvalArgs(),
+            custom_config=json_utils.dumps(custom_config or {}),
+            model=types.Channel(type=standard_artifacts.Model),
+            model_run=types.Channel(type=standard_artifacts.ModelRun)))
