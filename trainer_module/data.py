@@ -16,7 +16,6 @@ import tensorflow as tf
 from trainer_module.tokenizer import EOS_ID
 
 TOKEN_IDS = "token_ids"
-NUM_BYTES = "num_bytes"
 _PARSE_BATCH = 256
 
 
@@ -62,14 +61,3 @@ def packed_blocks(patterns: Sequence[str], context_len: int, batch_size: int, *,
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
-
-def count_tokens(patterns: Sequence[str]) -> tuple[int, int]:
-    """Returns (documents, tokens) in the transformed examples (without the EOS separators)."""
-    spec = {TOKEN_IDS: tf.io.VarLenFeature(tf.int64)}
-    ds = tf.data.TFRecordDataset(_expand(patterns), compression_type="GZIP").batch(1024)
-    docs = tokens = 0
-    for serialized in ds:
-        ids = tf.io.parse_example(serialized, spec)[TOKEN_IDS]
-        docs += int(tf.shape(serialized)[0])
-        tokens += int(tf.size(ids.values))
-    return docs, tokens
