@@ -69,7 +69,39 @@ def _build_parser() -> argparse.ArgumentParser:
     lineage.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
                          help="ML Metadata store (as for run)")
     lineage.set_defaults(func=_cmd_lineage)
+
+    generate = sub.add_parser(
+        "generate", help="generate text from a model served by TensorFlow Serving",
+        description="Call the served model's `generate` signature over REST (--server) or gRPC (--grpc).")
+    target = generate.add_mutually_exclusive_group(required=True)
+    target.add_argument("--server", metavar="URL", help="REST endpoint, e.g. http://localhost:8501")
+    target.add_argument("--grpc", metavar="HOST:PORT", help="gRPC endpoint, e.g. localhost:8500")
+    generate.add_argument("--model", default="deepseek", help="served model name (default: deepseek)")
+    generate.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
+    generate.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    generate.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = no cut (default)")
+    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("prompt", nargs="+", help="one or more prompts")
+    generate.set_defaults(func=_cmd_generate)
     return parser
+
+
+def _cmd_generate(args) -> int:
+    from serving import client
+
+    options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                   seed=args.seed)
+    try:
+        if args.server:
+            texts = client.rest_generate(args.server, args.model, args.prompt, **options)
+        else:
+            texts = client.grpc_generate(args.grpc, args.model, args.prompt, **options)
+    except Exception as e:  # connection refused, HTTP error, unknown model: say which server said what
+        print(f"deepseek-tfx: error: {args.server or args.grpc}: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    for prompt, text in zip(args.prompt, texts):
+        print(prompt + text)
+    return 0
 
 
 def _metadata(kind: str, output: str):

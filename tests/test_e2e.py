@@ -3,14 +3,19 @@
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
+import urllib.request
 
+import portpicker
 import pytest
 from ml_metadata.proto import metadata_store_pb2
 
 from pipeline import cli, local_runner, report
 from pipeline.config import PIPELINE_NAME, PipelineConfig
+from serving import client
 from trainer_module.config import TokenizerConfig
 
 pytestmark = pytest.mark.slow
@@ -139,3 +144,56 @@ def test_second_run_reexecutes_nothing(first_run):
         {(node, "CACHED"): 1 for node in COMPONENTS if node not in RESOLVERS}
         | {(node, "COMPLETE"): 1 for node in RESOLVERS})  # a resolver only queries MLMD
     assert sorted(os.listdir(first_run["output"] / "serving_model" / "deepseek")) == versions
+
+
+REST_BODY_IN_FRESH_PROCESS = r"""
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401
+model = tf.saved_model.load(sys.argv[1])
+body = json.loads(sys.argv[2])
+signature = model.signatures[body["signature_name"]]
+specs = signature.structured_input_signature[1]
+inputs = {name: tf.constant(value, dtype=specs[name].dtype) for name, value in body["inputs"].items()}
+outputs = signature(**inputs)
+# TF Serving's columnar response: a single named output maps "outputs" straight to its value.
+print(json.dumps({"outputs": [t.decode("utf-8") for t in outputs["text"].numpy()]}))
+"""
+
+
+def test_pushed_model_answers_the_clients_exact_rest_body(first_run):
+    body = client.generate_request(["ROMEO:", "JULIET: O", ""], max_new_tokens=16, temperature=0.7, top_k=20,
+                                   seed=3)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-c", REST_BODY_IN_FRESH_PROCESS, first_run["summary"]["pushed_model_path"], json.dumps(body)],
+        capture_output=True, text=True, env=env, cwd="/", timeout=300, check=True)
+    texts = client.parse_generate_response(json.loads(result.stdout.strip().splitlines()[-1]))
+    assert len(texts) == 3 and all(isinstance(t, str) and t for t in texts)
+
+
+@pytest.mark.skipif(shutil.which("tensorflow_model_server") is None,
+                    reason="tensorflow_model_server is not on PATH (no TF Serving binary on this machine)")
+def test_real_tensorflow_model_server_answers_rest_and_grpc(first_run):
+    base = os.path.dirname(first_run["summary"]["pushed_model_path"])
+    rest_port, grpc_port = portpicker.pick_unused_port(), portpicker.pick_unused_port()
+    server = subprocess.Popen(["tensorflow_model_server", f"--port={grpc_port}", f"--rest_api_port={rest_port}",
+                               "--model_name=deepseek", f"--model_base_path={base}"])
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{rest_port}/v1/models/deepseek", timeout=2) as r:
+                    if b"AVAILABLE" in r.read():
+                        break
+            except OSError:
+                pass
+            assert time.time() < deadline, "TF Serving did not load the model within 120 s"
+            time.sleep(1)
+        texts = client.rest_generate(f"http://127.0.0.1:{rest_port}", "deepseek", ["ROMEO:"], max_new_tokens=8)
+        assert len(texts) == 1 and texts[0]
+        texts = client.grpc_generate(f"127.0.0.1:{grpc_port}", "deepseek", ["ROMEO:"], max_new_tokens=8)
+        assert len(texts) == 1 and texts[0]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
