@@ -121,11 +121,16 @@ def chunk_document(text: str, max_chars: int) -> list[str]:
     return chunks
 
 
-def _lines(stream, path: str) -> Iterator[bytes]:
-    head = stream.read(BINARY_SNIFF_BYTES)
+def check_not_binary(path: str, head: bytes) -> None:
+    """Raises CorpusError naming ``path`` when its first bytes hold a NUL byte."""
     nul = head.find(b"\x00")
     if nul >= 0:
         raise CorpusError(f"{path}: binary data (NUL byte at offset {nul}); not a text file")
+
+
+def _lines(stream, path: str) -> Iterator[bytes]:
+    head = stream.read(BINARY_SNIFF_BYTES)
+    check_not_binary(path, head)
     # Complete the sniffed block's last line, then stream the rest line by line.
     yield from io.BytesIO(head + stream.readline())
     yield from stream
@@ -185,10 +190,3 @@ def read_documents(path: str, stats: FileStats, max_document_chars: int,
     except (OSError, EOFError, gzip.BadGzipFile, tf.errors.OpError) as e:
         raise CorpusError(f"{path}: cannot be read ({e})") from None
 
-
-def read_file_stats(path: str, max_document_chars: int, text_field: str = "text") -> FileStats:
-    """Reads a whole file and returns only its stats."""
-    stats = FileStats(path=path)
-    for _ in read_documents(path, stats, max_document_chars, text_field):
-        pass
-    return stats

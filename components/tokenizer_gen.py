@@ -32,7 +32,7 @@ from tfx.types import artifact_utils, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ExecutionParameter
 
 from trainer_module.config import TokenizerConfig
-from trainer_module.tokenizer import BOS_ID, EOS_ID, INFO_FILE, MODEL_FILE, PAD_ID, UNK_ID
+from trainer_module.tokenizer import BOS_ID, EOS_ID, INFO_FILE, MODEL_FILE, PAD_ID, UNK_ID, ByteTokenizer
 
 log = logging.getLogger(f"deepseek_tfx.{__name__}")
 
@@ -126,7 +126,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                                  max_sentences=exec_properties["max_sentences"], seed=exec_properties["seed"])
         tf.io.gfile.makedirs(tokenizer.uri)
         if config.kind == "byte":
-            self._write(tokenizer, {"type": "byte", "vocab_size": 260}, sample_size=0)
+            self._write(tokenizer, {"type": "byte", "vocab_size": ByteTokenizer.vocab_size}, sample_size=0)
             return
         sample_path = os.path.join(self._get_tmp_dir(), "sample.json")
         pattern = os.path.join(artifact_utils.get_split_uri([examples], "train"), "*")

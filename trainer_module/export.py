@@ -35,7 +35,6 @@ from trainer_module.model import DeepSeekLM, token_nll
 from trainer_module.tokenizer import EOS_ID, PAD_ID
 
 CONFIG_FILE = "deepseek_config.json"
-SIGNATURES = ("serving_default", "generate", "score")
 
 
 def score_ids(model: DeepSeekLM, ids: tf.RaggedTensor, context_len: int):

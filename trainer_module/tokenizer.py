@@ -27,7 +27,6 @@ import os
 
 import tensorflow as tf
 
-TOKENIZER_KINDS = ("sentencepiece", "byte")
 MODEL_FILE = "tokenizer.model"
 INFO_FILE = "tokenizer.json"
 
