@@ -1,4 +1,6 @@
-"""Resolver strategy for the Evaluator's baseline: the latest blessed model other than the candidate.
+"""Resolver strategies: the Evaluator's baseline, the Trainer's warm-start model, the reused tokenizer.
+
+The Evaluator's baseline is the latest blessed model other than the candidate.
 
 TFX's LatestBlessedModelStrategy returns the latest blessed model whatever it
 is. When a pipeline runs again on unchanged data, the Trainer is cached, so its
@@ -95,4 +97,37 @@ class BlessedModelTokenizerStrategy(resolver.ResolverStrategy):
                                      if i in tokenizers]
         else:
             result[TOKENIZER_KEY] = [tokenizers[used[0]]]
+        return result
+
+
+BASE_MODEL_KEY = "base_model"
+
+
+class WarmStartModelStrategy(resolver.ResolverStrategy):
+    """Resolves {model}: the Trainer's base model, i.e. the latest blessed model.
+
+    Inputs: ``model`` and ``model_blessing`` (all) and ``examples`` (the examples the
+    Trainer is about to train on). When the latest blessed model was itself trained
+    on these same examples (a rerun with no new data), the result is the base model
+    *that* training had, so the Trainer's inputs repeat and it stays cached instead
+    of training again on top of its own output.
+    """
+
+    def resolve_artifacts(self, store, input_dict: Dict[str, List[types.Artifact]]
+                          ) -> Optional[Dict[str, List[types.Artifact]]]:
+        models, blessings = input_dict.get(MODEL_KEY, []), input_dict.get(BLESSING_KEY, [])
+        current = {e.id for e in input_dict.get(EXAMPLES_KEY, [])}
+        result = {MODEL_KEY: [], BLESSING_KEY: [], EXAMPLES_KEY: list(input_dict.get(EXAMPLES_KEY, []))}
+        if not (models and blessings):
+            return result
+        latest = LatestBlessedModelStrategy()._resolve(  # noqa: SLF001
+            {MODEL_KEY: list(models), BLESSING_KEY: list(blessings)}, MODEL_KEY, BLESSING_KEY)
+        if not latest[MODEL_KEY]:
+            return result
+        trainer = _producer_id(store, latest[MODEL_KEY][0].id)
+        if trainer is not None and current & set(_input_ids(store, trainer, EXAMPLES_KEY)):
+            by_id = {m.id: m for m in models}
+            result[MODEL_KEY] = [by_id[i] for i in _input_ids(store, trainer, BASE_MODEL_KEY) if i in by_id]
+        else:
+            result.update(latest)
         return result

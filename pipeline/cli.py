@@ -45,6 +45,13 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="bless only below this eval bits per byte (default: 4.0)")
     run.add_argument("--max-perplexity", type=float, metavar="X",
                      help="bless only below this eval perplexity (default: no bound)")
+    run.add_argument("--regression-tolerance", type=float, default=0.0, metavar="X",
+                     help="bless a candidate at most this much perplexity worse than the last blessed model "
+                          "(default: 0)")
+    run.add_argument("--bpb-regression-tolerance", type=float, default=0.0, metavar="X",
+                     help="the same in bits per byte, used when the two models' tokenizers differ (default: 0)")
+    run.add_argument("--keep-versions", type=int, default=5, metavar="N",
+                     help="pushed versions kept in the serving directory; 0 keeps all (default: 5)")
     run.add_argument("--tokenizer", choices=("sentencepiece", "byte"), default="sentencepiece",
                      help="learned SentencePiece subwords (default) or plain UTF-8 bytes")
     run.add_argument("--tokenizer-model", choices=("bpe", "unigram"), default="bpe",
@@ -132,6 +139,9 @@ def format_summary(summary: dict) -> str:
     ]
     if summary.get("pushed_model_path"):
         lines.append(f"  pushed model:  {summary['pushed_model_path']} (version {summary['pushed_version']})")
+        if summary.get("serve_command"):
+            lines.append(f"  serve it:      {summary['serve_command']}")
+            lines.append(f"  configs:       {', '.join(sorted(summary.get('serving_configs', {}).values()))}")
     else:
         lines.append("  pushed model:  none (not blessed)")
     lines.append(f"  ML Metadata:   {summary.get('metadata')}")
@@ -150,7 +160,10 @@ def _cmd_run(args) -> int:
         config = PipelineConfig(preset=args.preset, train_steps=args.train_steps,
                                 eval_fraction=args.eval_fraction, max_bits_per_byte=args.max_bits_per_byte,
                                 max_perplexity=args.max_perplexity, tokenizer=tokenizer,
-                                retrain_tokenizer=args.retrain_tokenizer)
+                                retrain_tokenizer=args.retrain_tokenizer,
+                                regression_tolerance=args.regression_tolerance,
+                                bpb_regression_tolerance=args.bpb_regression_tolerance,
+                                keep_versions=args.keep_versions)
         metadata = _metadata(args.metadata, args.output)
     except (ConfigError, ValueError) as e:
         print(f"deepseek-tfx: error: {e}", file=sys.stderr)

@@ -31,12 +31,18 @@ class PipelineConfig:
     """Absolute upper bound on eval bits per byte for blessing (8.0 is a uniform guess over bytes)."""
     regression_tolerance: float = 0.0
     """A candidate may be worse than the last blessed model by at most this much perplexity."""
+    bpb_regression_tolerance: float = 0.0
+    """The same, in bits per byte: used instead when the two models' tokenizers differ."""
+    keep_versions: int = 5
+    """Pushed versions kept under the serving directory (older ones are deleted); 0 keeps all."""
     model_name: str = MODEL_NAME
     """Name of the model directory under the serving base directory."""
     tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
     """What TokenizerGen learns when it learns a tokenizer."""
     retrain_tokenizer: bool = False
     """Learn a new tokenizer even when a blessed model exists (default: reuse the blessed model's)."""
+    warm_start: bool = True
+    """Start training from the latest blessed model's weights when it is compatible."""
 
     def __post_init__(self):
         name = type(self).__name__
@@ -53,6 +59,10 @@ class PipelineConfig:
                  "max_bits_per_byte", f"must be > 0, got {self.max_bits_per_byte}")
         require_field(self.regression_tolerance >= 0, name, "regression_tolerance",
                  f"must be >= 0, got {self.regression_tolerance}")
+        require_field(self.bpb_regression_tolerance >= 0, name, "bpb_regression_tolerance",
+                 f"must be >= 0, got {self.bpb_regression_tolerance}")
+        require_field(self.keep_versions >= 0, name, "keep_versions",
+                 f"must be >= 0 (0 keeps all), got {self.keep_versions}")
         require_field(bool(self.model_name) and "/" not in self.model_name, name, "model_name",
                  f"must be a non-empty directory name, got {self.model_name!r}")
 

@@ -3,7 +3,9 @@
 Layout under the output directory:
   * ``pipeline_root/``: every component's artifacts;
   * ``metadata.sqlite``: ML Metadata (unless a MySQL connection is given);
-  * ``serving_model/<model_name>/<version>/``: pushed SavedModels (TF Serving layout);
+  * ``serving_model/<model_name>/<version>/``: pushed SavedModels (TF Serving layout), with
+    ``models.config``, ``batching.config`` and ``kubernetes.yaml`` in ``serving_model/`` once a
+    model is pushed;
   * ``default_corpus/``: the built-in corpus, when no corpus is given.
 """
 
@@ -20,6 +22,7 @@ from pipeline import corpus as corpus_lib
 from pipeline import report
 from pipeline.config import PIPELINE_NAME, PipelineConfig
 from pipeline.pipeline import create_pipeline
+from serving import tf_serving
 
 MYSQL_ENV = ("DEEPSEEK_TFX_MYSQL_HOST", "DEEPSEEK_TFX_MYSQL_PORT", "DEEPSEEK_TFX_MYSQL_DATABASE",
              "DEEPSEEK_TFX_MYSQL_USER", "DEEPSEEK_TFX_MYSQL_PASSWORD")
@@ -110,6 +113,10 @@ def run(
     tfx.orchestration.LocalDagRunner().run(pipeline)
     summary = report.run_summary(report.open_store(metadata), pipeline_name)
     summary["corpus"] = os.path.join(base, pattern)
+    if summary.get("pushed_model_path"):
+        configs = tf_serving.write_configs(os.path.dirname(layout.serving_model_dir), config.model_name)
+        summary["serve_command"] = configs.pop("docker")
+        summary["serving_configs"] = configs
     if metadata.HasField("sqlite"):
         summary["metadata"] = metadata.sqlite.filename_uri
     else:

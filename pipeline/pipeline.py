@@ -16,7 +16,12 @@ import tensorflow_model_analysis as tfma
 from ml_metadata.proto import metadata_store_pb2
 from tfx import v1 as tfx
 
-from components.baseline_resolver import BlessedModelTokenizerStrategy, LatestBlessedBaselineStrategy
+from components.model_gate import AtomicPusher, TokenizerAwareEvaluator
+from components.baseline_resolver import (
+    BlessedModelTokenizerStrategy,
+    LatestBlessedBaselineStrategy,
+    WarmStartModelStrategy,
+)
 from components.text_example_gen import TextExampleGen
 from components.tokenizer_consumers import TokenizingTrainer, TokenizingTransform
 from components.tokenizer_gen import Tokenizer, TokenizerGen
@@ -28,25 +33,30 @@ METRICS_MODULE = "trainer_module.metrics"
 
 
 def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
-    """Perplexity and bits per byte on the eval split, with the blessing thresholds."""
+    """Perplexity and bits per byte on the eval split, with the blessing thresholds.
+
+    Both metrics carry a change threshold against the baseline (lower is better);
+    the Evaluator keeps the perplexity one when candidate and baseline share a
+    tokenizer and the bits-per-byte one when they do not (components.model_gate).
+    """
     lower = tfma.MetricDirection.LOWER_IS_BETTER
-    ppl_threshold = tfma.MetricThreshold(
-        change_threshold=tfma.GenericChangeThreshold(
-            direction=lower, absolute={"value": config.regression_tolerance}))
-    if config.max_perplexity is not None:
-        ppl_threshold.value_threshold.CopyFrom(
-            tfma.GenericValueThreshold(upper_bound={"value": config.max_perplexity}))
-    bpb = tfma.MetricConfig(class_name="BitsPerByte", module=METRICS_MODULE)
-    if config.max_bits_per_byte is not None:
-        bpb.threshold.CopyFrom(tfma.MetricThreshold(value_threshold=tfma.GenericValueThreshold(
-            upper_bound={"value": config.max_bits_per_byte})))
+
+    def threshold(tolerance: float, upper_bound: Optional[float]) -> tfma.MetricThreshold:
+        t = tfma.MetricThreshold(change_threshold=tfma.GenericChangeThreshold(
+            direction=lower, absolute={"value": tolerance}))
+        if upper_bound is not None:
+            t.value_threshold.CopyFrom(tfma.GenericValueThreshold(upper_bound={"value": upper_bound}))
+        return t
+
     return tfma.EvalConfig(
         model_specs=[tfma.ModelSpec(signature_name="serving_default", preprocessing_function_names=[])],
         slicing_specs=[tfma.SlicingSpec()],
         metrics_specs=[tfma.MetricsSpec(metrics=[
             tfma.MetricConfig(class_name="ExampleCount"),
-            tfma.MetricConfig(class_name="Perplexity", module=METRICS_MODULE, threshold=ppl_threshold),
-            bpb,
+            tfma.MetricConfig(class_name="Perplexity", module=METRICS_MODULE,
+                              threshold=threshold(config.regression_tolerance, config.max_perplexity)),
+            tfma.MetricConfig(class_name="BitsPerByte", module=METRICS_MODULE,
+                              threshold=threshold(config.bpb_regression_tolerance, config.max_bits_per_byte)),
         ])],
     )
 
@@ -107,8 +117,17 @@ def create_pipeline(
         tokenizer=tokenizer_gen.outputs["tokenizer"],
         preprocessing_fn=PREPROCESSING_FN,
     ).with_id("Transform")
+    warm_start_resolver = None
+    if config.warm_start:
+        warm_start_resolver = tfx.dsl.Resolver(
+            strategy_class=WarmStartModelStrategy,
+            model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+            model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+            examples=transform.outputs["transformed_examples"],
+        ).with_id("warm_start_model_resolver")
     trainer = TokenizingTrainer(
         run_fn=RUN_FN,
+        base_model=warm_start_resolver.outputs["model"] if warm_start_resolver else None,
         examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"],
         schema=schema_gen.outputs["schema"],
@@ -123,24 +142,26 @@ def create_pipeline(
         model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
         candidate=trainer.outputs["model"],
     ).with_id("latest_blessed_model_resolver")
-    evaluator = tfx.components.Evaluator(
+    evaluator = TokenizerAwareEvaluator(
         examples=example_gen.outputs["examples"],
         model=trainer.outputs["model"],
         baseline_model=model_resolver.outputs["model"],
         eval_config=eval_config(config),
         example_splits=["eval"],
-    )
-    pusher = tfx.components.Pusher(
+    ).with_id("Evaluator")
+    pusher = AtomicPusher(
         model=trainer.outputs["model"],
         model_blessing=evaluator.outputs["blessing"],
         push_destination=tfx.proto.PushDestination(
             filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)),
-    )
+        keep_versions=config.keep_versions,
+    ).with_id("Pusher")
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,
         components=[example_gen, statistics_gen, schema_gen, example_validator,
-                    *([tokenizer_resolver] if tokenizer_resolver else []), tokenizer_gen, transform, trainer,
+                    *([tokenizer_resolver] if tokenizer_resolver else []), tokenizer_gen, transform,
+                    *([warm_start_resolver] if warm_start_resolver else []), trainer,
                     model_resolver, evaluator, pusher],
         enable_cache=enable_cache,
         metadata_connection_config=metadata_connection_config,

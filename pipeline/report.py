@@ -123,7 +123,9 @@ def run_summary(store, pipeline_name: str) -> dict[str, Any]:
     if training:
         summary.update(train_steps=training["train_steps"], train_tokens=training["train_tokens"],
                        train_tokens_per_second=training["tokens_per_second"],
-                       parameters=training["parameters"], final_train_loss=training["final_train_loss"])
+                       parameters=training["parameters"], final_train_loss=training["final_train_loss"],
+                       warm_start=training.get("base_model"), resumed_from_step=training.get("resumed_from_step"),
+                       train_mfu=training.get("mfu"))
     evaluator = latest_outputs(store, pipeline_name, "Evaluator")
     evaluation, blessing = _single(evaluator, "evaluation"), _single(evaluator, "blessing")
     if evaluation is not None:

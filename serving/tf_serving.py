@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import os
 
+import yaml
+
+SERVING_IMAGE = "tensorflow/serving:2.16.1"
+"""The TF Serving release that matches the TensorFlow the model is exported with."""
+
 
 def models_config(model_name: str, base_path: str) -> str:
     """A ``models.config`` (ModelServerConfig text proto) serving the latest version of one model."""
@@ -39,17 +44,67 @@ def docker_command(serving_dir: str, model_name: str) -> str:
     return (
         f"docker run --rm -p 8500:8500 -p 8501:8501 "
         f"-v {os.path.abspath(serving_dir)}:/models/{model_name} -e MODEL_NAME={model_name} "
-        f"tensorflow/serving:2.16.1"
+        f"{SERVING_IMAGE}"
     )
 
 
-def write_configs(serving_base: str, model_name: str) -> dict[str, str]:
-    """Writes models.config and batching.config beside the model directory; returns their paths."""
+def kubernetes_manifest(model_name: str, claim_name: str, replicas: int = 1,
+                        image: str = SERVING_IMAGE) -> str:
+    """A Deployment, Service and ConfigMap serving ``<claim>/<model_name>/<version>/`` with TF Serving.
+
+    The pushed directory must be on a PersistentVolumeClaim named ``claim_name``
+    (mounted read-only at /models; the Pusher writes ``<base>/<model_name>``, so
+    copy or sync the serving base there). TF Serving polls it and loads new
+    versions as the Pusher renames them into place. Readiness waits until the
+    model reports AVAILABLE over REST.
+    """
+    labels = {"app": f"{model_name}-serving"}
+    config_map = f"{model_name}-serving-config"
+    documents = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": config_map},
+         "data": {"batching.config": batching_config()}},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"{model_name}-serving"},
+         "spec": {
+             "replicas": replicas, "selector": {"matchLabels": labels},
+             "template": {"metadata": {"labels": labels}, "spec": {
+                 "containers": [{
+                     "name": "tensorflow-serving", "image": image,
+                     "env": [{"name": "MODEL_NAME", "value": model_name}],
+                     "args": ["--enable_batching=true", "--batching_parameters_file=/config/batching.config",
+                              "--file_system_poll_wait_seconds=30"],
+                     "ports": [{"name": "grpc", "containerPort": 8500}, {"name": "http", "containerPort": 8501}],
+                     "readinessProbe": {"httpGet": {"path": f"/v1/models/{model_name}", "port": 8501},
+                                        "initialDelaySeconds": 10, "periodSeconds": 10},
+                     "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
+                     "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
+                                      {"name": "config", "mountPath": "/config", "readOnly": True}],
+                 }],
+                 "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": claim_name}},
+                             {"name": "config", "configMap": {"name": config_map}}],
+             }},
+         }},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"{model_name}-serving"},
+         "spec": {"selector": labels, "ports": [{"name": "grpc", "port": 8500, "targetPort": 8500},
+                                                {"name": "http", "port": 8501, "targetPort": 8501}]}},
+    ]
+    return yaml.safe_dump_all(documents, sort_keys=False)
+
+
+def write_configs(serving_base: str, model_name: str, claim_name: str = "deepseek-models") -> dict[str, str]:
+    """Writes models.config, batching.config and kubernetes.yaml beside the model directory.
+
+    Returns their paths and, under ``docker``, the container command.
+    """
     os.makedirs(serving_base, exist_ok=True)
-    paths = {"models.config": os.path.join(serving_base, "models.config"),
-             "batching.config": os.path.join(serving_base, "batching.config")}
-    with open(paths["models.config"], "w", encoding="utf-8") as f:
-        f.write(models_config(model_name, os.path.abspath(os.path.join(serving_base, model_name))))
-    with open(paths["batching.config"], "w", encoding="utf-8") as f:
-        f.write(batching_config())
+    contents = {
+        "models.config": models_config(model_name, os.path.abspath(os.path.join(serving_base, model_name))),
+        "batching.config": batching_config(),
+        "kubernetes.yaml": kubernetes_manifest(model_name, claim_name),
+    }
+    paths = {}
+    for name, text in contents.items():
+        paths[name] = os.path.join(serving_base, name)
+        with open(paths[name], "w", encoding="utf-8") as f:
+            f.write(text)
+    paths["docker"] = docker_command(os.path.join(serving_base, model_name), model_name)
     return paths

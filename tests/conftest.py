@@ -19,3 +19,12 @@ def shakespeare() -> pathlib.Path:
     if not SHAKESPEARE.exists():
         pytest.skip(f"shared corpus not found at {SHAKESPEARE}")
     return SHAKESPEARE
+
+
+@pytest.fixture(scope="session")
+def trainer_inputs(tmp_path_factory, shakespeare) -> dict:
+    """A real Transform output (byte tokenizer) of 60 KB of tinyshakespeare, as run_fn receives it."""
+    from tests.trainer_inputs import build_transform_output  # noqa: PLC0415  (imports Beam and tft)
+
+    text = shakespeare.read_bytes()[:60_000].decode("utf-8")
+    return build_transform_output(str(tmp_path_factory.mktemp("transform")), text)

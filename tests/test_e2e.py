@@ -1,7 +1,18 @@
-"""The whole DAG on a slice of tinyshakespeare with the tiny preset, checked through ML Metadata."""
+"""The whole DAG on a slice of tinyshakespeare with the tiny preset, checked through ML Metadata.
+
+The module's runs share one pipeline root, in order:
+  0. a first run with no baseline and a bits-per-byte bound no model can meet: not blessed, nothing pushed;
+  1. the same model (Trainer cached), a reachable bound: blessed on the absolute bound alone, pushed; its
+     TFMA metrics equal a NumPy computation over the same eval examples;
+  2. the same again: nothing re-executes;
+  3. a worse candidate (one training step): compared with run 1's model on perplexity, not blessed,
+     not pushed; the served version stays run 1's.
+"""
 
 import collections
+import glob
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -9,21 +20,28 @@ import sys
 import time
 import urllib.request
 
+import numpy as np
 import portpicker
 import pytest
+import sentencepiece
+import tensorflow as tf
+import tensorflow_model_analysis as tfma
 from ml_metadata.proto import metadata_store_pb2
 
 from pipeline import cli, local_runner, report
 from pipeline.config import PIPELINE_NAME, PipelineConfig
 from serving import client
-from trainer_module.config import TokenizerConfig
+from trainer_module.config import ModelConfig, TokenizerConfig
+from trainer_module.model import DeepSeekLM
+from trainer_module.tokenizer import EOS_ID, MODEL_FILE
 
 pytestmark = pytest.mark.slow
 
 COMPONENTS = ["TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator",
-              "blessed_model_tokenizer_resolver", "TokenizerGen", "Transform", "Trainer",
+              "blessed_model_tokenizer_resolver", "TokenizerGen", "Transform", "warm_start_model_resolver",
+              "Trainer",
               "latest_blessed_model_resolver", "Evaluator", "Pusher"]
-RESOLVERS = ("blessed_model_tokenizer_resolver", "latest_blessed_model_resolver")
+RESOLVERS = ("blessed_model_tokenizer_resolver", "warm_start_model_resolver", "latest_blessed_model_resolver")
 SLICE_BYTES = 200_000
 CONFIG = PipelineConfig(preset="tiny", train_steps=60, max_bits_per_byte=6.0,
                         tokenizer=TokenizerConfig(vocab_size=512))
@@ -38,9 +56,15 @@ def first_run(tmp_path_factory, shakespeare):
     (corpus / "latin1_notes.txt").write_bytes("Caf\xe9 au lait.\n\nNa\xefve art.\n".encode("latin-1"))
     (corpus / "cover.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     output = root / "out"
+    unreachable = local_runner.run(output=str(output), config=CONFIG.replace(max_bits_per_byte=1.0),
+                                   corpus=str(corpus))
+    store = report.open_store(local_runner.sqlite_connection(str(output / "metadata.sqlite")))
+    run0 = {"summary": unreachable, "executions": collections.Counter(_executions(store)),
+            "evaluation": report.latest_outputs(store, PIPELINE_NAME, "Evaluator")["evaluation"][0],
+            "serving": sorted(os.listdir(output / "serving_model" / "deepseek"))
+            if (output / "serving_model" / "deepseek").exists() else []}
     summary = local_runner.run(output=str(output), config=CONFIG, corpus=str(corpus))
-    connection = local_runner.sqlite_connection(str(output / "metadata.sqlite"))
-    return {"output": output, "corpus": corpus, "summary": summary, "store": report.open_store(connection)}
+    return {"output": output, "corpus": corpus, "summary": summary, "store": store, "run0": run0}
 
 
 def _executions(store):
@@ -53,9 +77,32 @@ def _executions(store):
     return found
 
 
-def test_every_component_ran_once_successfully(first_run):
-    counts = collections.Counter(_executions(first_run["store"]))
-    assert counts == collections.Counter({(node, "COMPLETE"): 1 for node in COMPONENTS})
+def _failed_thresholds(evaluation_uri):
+    """(metric name, 'value' or 'change') of every failed threshold."""
+    failed = set()
+    for per_slice in tfma.load_validation_result(evaluation_uri).metric_validations_per_slice:
+        for failure in per_slice.failures:
+            kind = "change" if failure.metric_threshold.HasField("change_threshold") else "value"
+            failed.add((failure.metric_key.name, kind))
+    return failed
+
+
+def test_first_run_is_gated_by_the_absolute_bound_alone(first_run):
+    run0 = first_run["run0"]
+    assert run0["executions"] == collections.Counter({(node, "COMPLETE"): 1 for node in COMPONENTS})
+    assert run0["summary"]["blessed"] is False and "pushed_model_path" not in run0["summary"]
+    assert run0["serving"] == []
+    assert report.prop(run0["evaluation"], "compared_by") == "none (no baseline)"
+    assert _failed_thresholds(run0["evaluation"].uri) == {("bits_per_byte", "value")}
+
+    # Run 1 judged the same (cached) model against a reachable bound: blessed, with no baseline.
+    new = collections.Counter(_executions(first_run["store"])) - run0["executions"]
+    judged_again = {"Evaluator", "Pusher", *RESOLVERS}
+    assert new == collections.Counter({(node, "COMPLETE" if node in judged_again else "CACHED"): 1
+                                       for node in COMPONENTS})
+    assert first_run["summary"]["blessed"] is True
+    evaluation = report.latest_outputs(first_run["store"], PIPELINE_NAME, "Evaluator")["evaluation"][0]
+    assert report.prop(evaluation, "compared_by") == "none (no baseline)"
 
 
 def test_examples_record_what_was_read(first_run):
@@ -83,6 +130,10 @@ def test_model_learned_was_blessed_and_pushed(first_run):
     version_dir = summary["pushed_model_path"]
     assert version_dir == os.path.join(first_run["output"], "serving_model", "deepseek", summary["pushed_version"])
     assert os.path.exists(os.path.join(version_dir, "saved_model.pb"))
+    serving_base = first_run["output"] / "serving_model"
+    assert summary["serving_configs"] == {name: str(serving_base / name)
+                                          for name in ("models.config", "batching.config", "kubernetes.yaml")}
+    assert f"-v {serving_base}/deepseek:/models/deepseek" in summary["serve_command"]
 
 
 def test_lineage_reaches_the_examples_and_the_corpus(first_run, capsys):
@@ -197,3 +248,59 @@ def test_real_tensorflow_model_server_answers_rest_and_grpc(first_run):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def _numpy_metrics(pushed_dir, tokenizer_dir, eval_examples_dir):
+    """Perplexity and bits per byte over the eval split: sentencepiece ids, model logits, NumPy NLL."""
+    with open(os.path.join(pushed_dir, "assets.extra", "deepseek_config.json")) as f:
+        config = ModelConfig.from_dict(json.load(f)["model"])
+    model = DeepSeekLM(config)
+    model(tf.zeros([1, 8], tf.int64))
+    model.set_weights([v.numpy() for v in tf.saved_model.load(pushed_dir).model_variables])
+    sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(tokenizer_dir, MODEL_FILE))
+    files = glob.glob(os.path.join(eval_examples_dir, "*"))
+    texts = [tf.train.Example.FromString(r.numpy()).features.feature["text"].bytes_list.value[0]
+             for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+    t = config.context_len
+    nll_sum = tokens = num_bytes = 0.0
+    for text in texts:
+        ids = np.array(sp.encode(text.decode("utf-8")), np.int64)
+        num_bytes += len(text)
+        if not len(ids):
+            continue
+        inputs = np.concatenate([[EOS_ID], ids[:-1]])
+        for start in range(0, len(ids), t):  # windows of context_len, each scored on its own
+            x, y = inputs[start:start + t], ids[start:start + t]
+            logits = model(x[None, :], training=False).numpy()[0].astype(np.float64)
+            log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+            nll_sum += float(np.sum(log_z - logits[np.arange(len(y)), y]))
+            tokens += len(y)
+    return {"perplexity": math.exp(nll_sum / tokens), "bits_per_byte": nll_sum / (math.log(2) * num_bytes),
+            "example_count": len(texts)}
+
+
+def test_evaluator_metrics_equal_numpy_over_the_eval_examples(first_run):
+    store, summary = first_run["store"], first_run["summary"]
+    examples = report.latest_outputs(store, PIPELINE_NAME, "TextExampleGen")["examples"][0]
+    tokenizer = report.latest_outputs(store, PIPELINE_NAME, "TokenizerGen")["tokenizer"][0]
+    expected = _numpy_metrics(summary["pushed_model_path"], tokenizer.uri,
+                              os.path.join(examples.uri, "Split-eval"))
+    assert summary["eval_examples"] == expected["example_count"]
+    assert summary["eval_perplexity"] == pytest.approx(expected["perplexity"], rel=1e-4)
+    assert summary["eval_bits_per_byte"] == pytest.approx(expected["bits_per_byte"], rel=1e-4)
+
+
+def test_worse_candidate_is_not_blessed_and_not_pushed(first_run):
+    """Runs last: it adds a run whose candidate is worse than the blessed model."""
+    store, blessed = first_run["store"], first_run["summary"]
+    serving = first_run["output"] / "serving_model" / "deepseek"
+    versions = sorted(os.listdir(serving))
+    worse = local_runner.run(output=str(first_run["output"]), config=CONFIG.replace(train_steps=1),
+                             corpus=str(first_run["corpus"]))
+    evaluation = report.latest_outputs(store, PIPELINE_NAME, "Evaluator")["evaluation"][0]
+    assert worse["blessed"] is False and "pushed_model_path" not in worse
+    assert worse["eval_perplexity"] > blessed["eval_perplexity"]
+    assert worse["eval_bits_per_byte"] < CONFIG.max_bits_per_byte  # so only the comparison failed
+    assert report.prop(evaluation, "compared_by") == "Perplexity"  # the tokenizer was reused
+    assert _failed_thresholds(evaluation.uri) == {("perplexity", "change")}
+    assert sorted(os.listdir(serving)) == versions

@@ -20,7 +20,7 @@ def test_components_and_wiring(tmp_path):
     nodes = {c.id: c for c in pipeline.components}
     assert set(nodes) == {"TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator",
                           "blessed_model_tokenizer_resolver", "TokenizerGen", "Transform", "Trainer",
-                          "latest_blessed_model_resolver", "Evaluator", "Pusher"}
+                          "warm_start_model_resolver", "latest_blessed_model_resolver", "Evaluator", "Pusher"}
     examples = nodes["TextExampleGen"].outputs["examples"]
     assert nodes["StatisticsGen"].inputs["examples"] is examples
     assert nodes["Transform"].inputs["examples"] is examples
@@ -37,6 +37,8 @@ def test_components_and_wiring(tmp_path):
     assert nodes["Pusher"].inputs["model_blessing"] is nodes["Evaluator"].outputs["blessing"]
     assert nodes["Pusher"].inputs["model"] is nodes["Trainer"].outputs["model"]
     assert nodes["Evaluator"].inputs["baseline_model"].type is standard_artifacts.Model
+    assert nodes["Trainer"].inputs["base_model"] is nodes["warm_start_model_resolver"].outputs["model"]
+    assert nodes["warm_start_model_resolver"].raw_inputs["examples"] is nodes["Transform"].outputs["transformed_examples"]
     assert pipeline.enable_cache
     assert pipeline.beam_pipeline_args == ["--direct_num_workers=2"]
 
@@ -51,9 +53,27 @@ def test_component_parameters_follow_the_config(tmp_path):
     assert "Perplexity" in eval_config and "BitsPerByte" in eval_config and '"upper_bound"' in eval_config
     assert nodes["Evaluator"].exec_properties["example_splits"] == '["eval"]'
     assert str(tmp_path / "serving") in nodes["Pusher"].exec_properties["push_destination"]
+    assert json.loads(nodes["Pusher"].exec_properties["custom_config"]) == {"keep_versions": 5}
+
+
+def test_gate_thresholds_follow_the_config(tmp_path):
+    nodes = {c.id: c for c in build(tmp_path, max_perplexity=50.0, max_bits_per_byte=3.0,
+                                      regression_tolerance=0.5, bpb_regression_tolerance=0.01).components}
+    metrics = {m["class_name"]: m.get("threshold", {})
+               for m in json.loads(nodes["Evaluator"].exec_properties["eval_config"])["metrics_specs"][0]["metrics"]}
+    assert metrics["Perplexity"]["value_threshold"]["upper_bound"] == 50.0
+    assert metrics["Perplexity"]["change_threshold"] == {"direction": "LOWER_IS_BETTER", "absolute": 0.5}
+    assert metrics["BitsPerByte"]["value_threshold"]["upper_bound"] == 3.0
+    assert metrics["BitsPerByte"]["change_threshold"] == {"direction": "LOWER_IS_BETTER", "absolute": 0.01}
 
 
 def test_retrain_tokenizer_drops_the_reuse(tmp_path):
     nodes = {c.id: c for c in build(tmp_path, retrain_tokenizer=True).components}
     assert "blessed_model_tokenizer_resolver" not in nodes
     assert "base_tokenizer" not in nodes["TokenizerGen"].inputs
+
+
+def test_warm_start_can_be_switched_off(tmp_path):
+    nodes = {c.id: c for c in build(tmp_path, warm_start=False).components}
+    assert "warm_start_model_resolver" not in nodes
+    assert "base_model" not in nodes["Trainer"].inputs

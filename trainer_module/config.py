@@ -155,7 +155,21 @@ class TrainConfig:
     log_every: int = 25
     """Log a progress line every this many steps."""
     eval_batches: int = 8
-    """Batches of the eval split scored at the end of training (the Evaluator scores all of it)."""
+    """Batches of the eval split scored for the eval loss curve (the Evaluator scores all of it)."""
+    eval_every: int = 0
+    """Also score the eval batches every this many steps; 0: only at the end."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; each is batch_size / grad_accum_steps sequences."""
+    jit_compile: bool = False
+    """Compile the train step with XLA (dense models only: MoE dispatch has data-dependent shapes)."""
+    recompute_attention: bool = False
+    """Recompute each block's attention in the backward pass instead of keeping its activations."""
+    checkpoint_every: int = 50
+    """Save a checkpoint every this many steps (and always at the end); 0: only at the end."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept on disk (the newest)."""
+    max_train_seconds: float = 0.0
+    """Stop training after this much wall-clock time, before train_steps if need be; 0: no limit."""
 
     def __post_init__(self):
         name = type(self).__name__
@@ -174,6 +188,15 @@ class TrainConfig:
                  f"must be > 0, got {self.shuffle_buffer}")
         require_field(self.eval_batches >= 0, name, "eval_batches",
                  f"must be >= 0, got {self.eval_batches}")
+        for field in ("eval_every", "checkpoint_every"):
+            require_field(getattr(self, field) >= 0, name, field, f"must be >= 0, got {getattr(self, field)}")
+        require_field(self.grad_accum_steps > 0 and self.batch_size % self.grad_accum_steps == 0, name,
+                      "grad_accum_steps", f"must be > 0 and divide batch_size ({self.batch_size}), "
+                      f"got {self.grad_accum_steps}")
+        require_field(self.keep_checkpoints > 0, name, "keep_checkpoints",
+                      f"must be > 0, got {self.keep_checkpoints}")
+        require_field(self.max_train_seconds >= 0, name, "max_train_seconds",
+                      f"must be >= 0, got {self.max_train_seconds}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -86,7 +86,7 @@ class LanguageModelModule(tf.Module):
     """
 
     def __init__(self, model: DeepSeekLM, tft_layer, raw_feature_spec, tokenizer,
-                 max_new_tokens_limit: int = 512):
+                 max_new_tokens_limit: int = 512, stop_at_eos: bool = True):
         super().__init__(name="deepseek_lm")
         self._model = _Untracked(model)
         self.model_variables = list(model.variables)
@@ -97,6 +97,7 @@ class LanguageModelModule(tf.Module):
             self.sentencepiece = tokenizer.sp
         self._context_len = model.config.context_len
         self._max_new_tokens_limit = max_new_tokens_limit
+        self._stop_at_eos = stop_at_eos  # False only for benchmarks that need every new token
 
     @property
     def model(self) -> DeepSeekLM:
@@ -160,7 +161,8 @@ class LanguageModelModule(tf.Module):
         def body(i, tokens, caches, valid, position, logits, done):
             nxt = _sample(logits, temperature, top_k, seed, i)
             nxt = tf.where(done, tf.constant(PAD_ID, tf.int64), nxt)
-            done = tf.logical_or(done, tf.equal(nxt, EOS_ID))
+            if self._stop_at_eos:
+                done = tf.logical_or(done, tf.equal(nxt, EOS_ID))
             tokens = tf.concat([tokens, nxt[:, None]], axis=1)
 
             def step():
@@ -211,6 +213,6 @@ def export_serving_model(model: DeepSeekLM, tf_transform_output, tokenizer, expo
     tf.io.gfile.makedirs(extra)
     with tf.io.gfile.GFile(os.path.join(extra, CONFIG_FILE), "w") as f:
         json.dump({"model": model.config.to_dict(), "tokenizer": tokenizer.kind,
-                   "vocab_size": tokenizer.vocab_size,
+                   "tokenizer_fingerprint": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
                    "max_new_tokens_limit": max_new_tokens_limit, **(extra_config or {})},
                   f, indent=2, sort_keys=True)

@@ -30,16 +30,21 @@ class DecoderBlock(keras.layers.Layer):
     Args:
         config: the model's ModelConfig (as a dict or object).
         layer_index: position of the block; blocks below ``n_dense_layers`` use a dense FFN.
+        recompute_attention: in training, recompute the attention (norm, projections,
+            scores) in the backward pass rather than keep its activations: selective
+            activation recomputation (Korthikanti et al., 2022). The MoE is not
+            recomputed: its routing updates the balancing state, which must happen once.
 
     Example:
         >>> block = DecoderBlock(ModelConfig(vocab_size=260), layer_index=0)
         >>> y = block(tf.random.normal([2, 5, 128]))
     """
 
-    def __init__(self, config, layer_index: int, **kwargs):
+    def __init__(self, config, layer_index: int, recompute_attention: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.config = config if isinstance(config, ModelConfig) else ModelConfig.from_dict(config)
         self.layer_index = layer_index
+        self.recompute_attention = recompute_attention
         c, policy = self.config, self.dtype_policy
         self.attn_norm = RMSNorm(c.norm_eps, name="attn_norm", dtype=policy)
         self.ffn_norm = RMSNorm(c.norm_eps, name="ffn_norm", dtype=policy)
@@ -66,7 +71,12 @@ class DecoderBlock(keras.layers.Layer):
         return x + (self.ffn(h, training=training) if self.is_moe else self.ffn(h))
 
     def call(self, x, key_mask=None, training=None):
-        return self._feed_forward(x + self.attn(self.attn_norm(x), key_mask=key_mask), training)
+        def attention(h):
+            return self.attn(self.attn_norm(h), key_mask=key_mask)
+
+        if self.recompute_attention and training:
+            attention = tf.recompute_grad(attention)
+        return self._feed_forward(x + attention(x), training)
 
     def prefill(self, x, key_mask, cache_len):
         out, cache = self.attn.prefill(self.attn_norm(x), key_mask, cache_len)
@@ -77,7 +87,8 @@ class DecoderBlock(keras.layers.Layer):
         return self._feed_forward(x + out), cache
 
     def get_config(self):
-        return {**super().get_config(), "config": self.config.to_dict(), "layer_index": self.layer_index}
+        return {**super().get_config(), "config": self.config.to_dict(), "layer_index": self.layer_index,
+                "recompute_attention": self.recompute_attention}
 
 
 class DeepSeekLM(keras.Model):
@@ -85,15 +96,18 @@ class DeepSeekLM(keras.Model):
 
     Args:
         config: ModelConfig (or its dict) with ``vocab_size`` set.
+        recompute_attention: recompute attention activations in the backward pass
+            (see DecoderBlock); a memory/compute trade that leaves the math unchanged.
 
     Example:
         >>> model = DeepSeekLM(ModelConfig(vocab_size=260, n_layers=2))
         >>> logits = model(tf.zeros([1, 8], tf.int64))
     """
 
-    def __init__(self, config, **kwargs):
+    def __init__(self, config, recompute_attention: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.config = config if isinstance(config, ModelConfig) else ModelConfig.from_dict(config)
+        self.recompute_attention = recompute_attention
         c = self.config
         if c.vocab_size <= 0:
             raise ValueError("ModelConfig.vocab_size must be set (from the tokenizer) before building")
@@ -101,7 +115,8 @@ class DeepSeekLM(keras.Model):
         self.embed = keras.layers.Embedding(
             c.vocab_size, c.d_model, embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
             name="embed", dtype=policy)
-        self.blocks = [DecoderBlock(c, i, name=f"block_{i}", dtype=policy) for i in range(c.n_layers)]
+        self.blocks = [DecoderBlock(c, i, recompute_attention, name=f"block_{i}", dtype=policy)
+                       for i in range(c.n_layers)]
         self.final_norm = RMSNorm(c.norm_eps, name="final_norm", dtype=policy)
         self.head = _dense(c.vocab_size, "head", policy)
         if c.mtp_depth:
@@ -180,7 +195,8 @@ class DeepSeekLM(keras.Model):
         return [b.ffn for b in self.blocks if b.is_moe]
 
     def get_config(self) -> dict[str, Any]:
-        return {"config": self.config.to_dict(), "name": self.name}
+        return {"config": self.config.to_dict(), "recompute_attention": self.recompute_attention,
+                "name": self.name}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

@@ -22,6 +22,7 @@ any invalid byte sequence produced by byte-fallback pieces becomes U+FFFD.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -48,6 +49,8 @@ class ByteTokenizer:
 
     kind = "byte"
     vocab_size = 256 + NUM_RESERVED
+    fingerprint = "byte"
+    """Equal for two tokenizers exactly when they map text to the same ids."""
 
     def tokenize(self, text: tf.Tensor) -> tf.RaggedTensor:
         """Maps strings [B] to int64 ids [B, (n)]."""
@@ -90,6 +93,7 @@ class SentencePieceTokenizer:
         import tensorflow_text as tf_text  # noqa: PLC0415  (registers the custom ops)
 
         self.model_proto = model_proto
+        self.fingerprint = "sentencepiece:" + hashlib.sha256(model_proto).hexdigest()
         self.sp = tf_text.SentencepieceTokenizer(model=model_proto, out_type=tf.int32)
         # Read from the proto, not the op: this also works while a graph is being traced.
         self.vocab_size = sentencepiece.SentencePieceProcessor(model_proto=model_proto).get_piece_size()

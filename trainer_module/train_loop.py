@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import time
+from typing import Optional
 
 import tensorflow as tf
 import tf_keras as keras
@@ -56,42 +58,128 @@ def make_optimizer(model: DeepSeekLM, cfg: TrainConfig) -> keras.optimizers.Opti
 
 @dataclasses.dataclass
 class TrainResult:
+    start_step: int
+    """Step the run resumed from (0: a fresh start)."""
     steps: int
+    """Last step reached (== train_steps unless the time limit stopped it)."""
     seconds: float
+    """Wall time of this run's steps, including the first step's tracing."""
+    steady_seconds: float
+    """Wall time after this run's first step (tracing excluded)."""
     tokens: int
+    """Tokens trained on in this run."""
+    steady_tokens: int
     last_loss: float
+    stopped_by_time: bool = False
 
     @property
     def tokens_per_second(self) -> float:
-        return self.tokens / max(self.seconds, 1e-9)
+        """Steady-state rate: after the first step, whose time is mostly tracing."""
+        if self.steady_seconds <= 0:
+            return self.tokens / max(self.seconds, 1e-9)
+        return self.steady_tokens / self.steady_seconds
+
+
+class Checkpointer:
+    """Checkpoints of model and optimizer (whose ``iterations`` is the step) every N steps.
+
+    Under MultiWorkerMirroredStrategy every worker must take part in a save;
+    only the chief writes to ``directory``, the others to a scratch directory
+    that is deleted again (tf.distribute's documented pattern).
+    """
+
+    def __init__(self, model, optimizer, directory: str, keep: int, is_chief: bool = True,
+                 worker_id: int = 0):
+        self.directory = directory
+        self._is_chief = is_chief
+        target = directory if is_chief else os.path.join(directory, f".worker-{worker_id}-scratch")
+        self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        self._manager = tf.train.CheckpointManager(self._checkpoint, target, max_to_keep=keep)
+        self.last_step: Optional[int] = None
+
+    def restore(self) -> int:
+        """Restores the newest checkpoint in ``directory``, if any; returns its step (0 if none)."""
+        latest = tf.train.latest_checkpoint(self.directory)
+        if latest is None:
+            return 0
+        self._checkpoint.restore(latest).assert_existing_objects_matched()
+        self.last_step = int(latest.rsplit("-", 1)[-1])
+        return self.last_step
+
+    def save(self, step: int) -> None:
+        self._manager.save(checkpoint_number=step)
+        self.last_step = step
+        if not self._is_chief:
+            tf.io.gfile.rmtree(self._manager.directory)
+
+    def describe(self) -> str:
+        if self.last_step is None:
+            return f"no checkpoint was saved in {self.directory}"
+        return f"the last good checkpoint, step {self.last_step}, is kept in {self.directory}"
 
 
 class TrainLoop:
-    """Runs distributed train steps of a DeepSeekLM and logs them."""
+    """Runs distributed train steps of a DeepSeekLM, logs them, checkpoints them.
 
-    def __init__(self, model: DeepSeekLM, optimizer, strategy: tf.distribute.Strategy, cfg: TrainConfig):
+    Args:
+        model, optimizer, strategy, cfg: what to train, how, where.
+        flops_per_token: model FLOPs per trained token (trainer_module.flops), for MFU.
+        peak_flops: the measured matmul peak of this machine, for MFU.
+    """
+
+    def __init__(self, model: DeepSeekLM, optimizer, strategy: tf.distribute.Strategy, cfg: TrainConfig,
+                 flops_per_token: float = 0.0, peak_flops: float = 0.0):
         self.model, self.optimizer, self.strategy, self.cfg = model, optimizer, strategy, cfg
+        self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self._scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
+        # XLA compiles the loss and gradients; applying them (a cross-replica merge) stays outside.
+        self._gradients = (tf.function(self._accumulated_gradients, autograph=False, jit_compile=True)
+                           if cfg.jit_compile else self._accumulated_gradients)
         self._train_step = tf.function(self._distributed_step, autograph=False)
-        self._eval_step = tf.function(self._distributed_eval, autograph=False)
+        self._eval_step = tf.function(self._eval_batch, autograph=False)
 
-    def _replica_step(self, x, y):
-        replicas = self.strategy.num_replicas_in_sync
+    def _micro_batch(self, x, y):
+        """(mean token NLL, gradients of the objective share of this micro-batch)."""
+        share = self.strategy.num_replicas_in_sync * self.cfg.grad_accum_steps
         with tf.GradientTape() as tape:
             logits, mtp_logits = self.model.train_logits(x)
             loss = tf.reduce_mean(token_nll(logits, y))
             aux = tf.add_n(self.model.losses) if self.model.losses else 0.0
             if mtp_logits is not None:  # position i also predicts token i+2 = y[i+1]
                 aux += self.model.config.mtp_loss_weight * tf.reduce_mean(token_nll(mtp_logits, y[:, 1:]))
-            objective = (loss + aux) / replicas
+            objective = (loss + aux) / share
             if self._scaled:
                 objective = self.optimizer.get_scaled_loss(objective)
         variables = self.model.trainable_variables
         grads = tape.gradient(objective, variables)
+        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
         if self._scaled:
             grads = self.optimizer.get_unscaled_gradients(grads)
-        grad_norm = tf.linalg.global_norm(grads) * replicas
-        self.optimizer.apply_gradients(zip(grads, variables))
+        return loss, grads
+
+    def _accumulated_gradients(self, x, y):
+        """Mean loss and summed gradients over ``grad_accum_steps`` sequential micro-batches of [B, T]."""
+        steps = self.cfg.grad_accum_steps
+        if steps == 1:
+            return self._micro_batch(x, y)
+        # [B, T] -> [A, B/A, T]; a while_loop runs them one after another, so only one
+        # micro-batch's activations are alive at a time.
+        xs = tf.reshape(x, [steps, -1, tf.shape(x)[1]])
+        ys = tf.reshape(y, [steps, -1, tf.shape(y)[1]])
+        zeros = [tf.zeros_like(v) for v in self.model.trainable_variables]
+
+        def body(i, loss_sum, *acc):
+            loss, grads = self._micro_batch(xs[i], ys[i])
+            return (i + 1, loss_sum + loss, *[a + tf.convert_to_tensor(g) for a, g in zip(acc, grads)])
+
+        _, loss_sum, *grads = tf.while_loop(lambda i, *_: i < steps, body,
+                                            [tf.constant(0), tf.constant(0.0), *zeros])
+        return loss_sum / steps, grads
+
+    def _replica_step(self, x, y):
+        loss, grads = self._gradients(x, y)
+        grad_norm = tf.linalg.global_norm(grads) * self.strategy.num_replicas_in_sync
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         return loss, grad_norm
 
     def _distributed_step(self, x, y):
@@ -99,53 +187,98 @@ class TrainLoop:
         mean = tf.distribute.ReduceOp.MEAN
         return self.strategy.reduce(mean, loss, axis=None), self.strategy.reduce(mean, norm, axis=None)
 
-    def _distributed_eval(self, x, y):
-        def replica(x, y):
-            return tf.reduce_mean(token_nll(self.model(x, training=False), y))
-
-        loss = self.strategy.run(replica, args=(x, y))
-        return self.strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
+    def _eval_batch(self, x, y):
+        return tf.reduce_mean(token_nll(self.model(x, training=False), y))
 
     def learning_rate(self) -> float:
         lr = self.optimizer.learning_rate
         return float(keras.backend.get_value(lr(self.optimizer.iterations) if callable(lr) else lr))
 
-    def train(self, dataset: tf.data.Dataset, steps: int, writer=None) -> TrainResult:
-        """Runs ``steps`` steps; logs every ``cfg.log_every``; raises FloatingPointError on NaN/Inf loss."""
-        iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
-        tokens_per_step = self.cfg.batch_size * self.model.config.context_len
-        start = mark = time.perf_counter()
-        mark_step, loss = 0, float("nan")
-        for step in range(1, steps + 1):
-            x, y = next(iterator)
-            loss_t, norm_t = self._train_step(x, y)
-            if step % self.cfg.log_every and step != steps:
-                continue
+    def _check_finite(self, pending, checkpointer) -> tuple[float, float]:
+        """The last (loss, grad norm) of ``pending``; raises FloatingPointError at the first bad step.
+
+        Under mixed_float16 a non-finite gradient only makes the loss scale skip
+        the step, so there only the loss is checked.
+        """
+        loss = norm = float("nan")
+        for step, loss_t, norm_t in pending:
             loss, norm = float(loss_t), float(norm_t)
-            if not (math.isfinite(loss) and math.isfinite(norm)):
+            if not (math.isfinite(loss) and (self._scaled or math.isfinite(norm))):
+                where = checkpointer.describe() if checkpointer else "checkpointing is off"
                 raise FloatingPointError(
-                    f"training diverged: loss {loss}, gradient norm {norm} at or before step {step}")
+                    f"training diverged at step {step}: loss {loss}, gradient norm {norm}; training "
+                    f"stopped and {where}. Lower learning_rate or raise warmup_steps, then run again")
+        return loss, norm
+
+    def train(self, dataset: tf.data.Dataset, steps: int, writer=None, start_step: int = 0,
+              checkpointer: Optional[Checkpointer] = None, evaluate=None) -> TrainResult:
+        """Runs steps ``start_step + 1 .. steps`` of ``dataset`` (already positioned at ``start_step``).
+
+        Logs every ``cfg.log_every`` steps, checkpoints every ``cfg.checkpoint_every``
+        and at the end (only after checking that the loss is finite), calls
+        ``evaluate(step)`` every ``cfg.eval_every``, and stops early after
+        ``cfg.max_train_seconds``. Raises FloatingPointError on a NaN/Inf loss.
+        """
+        cfg = self.cfg
+        iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
+        tokens_per_step = cfg.batch_size * self.model.config.context_len
+        start = mark = time.perf_counter()
+        first_done = None
+        mark_step, loss, step, pending, out_of_time = start_step, float("nan"), start_step, [], False
+        for step in range(start_step + 1, steps + 1):
+            x, y = next(iterator)
+            pending.append((step, *self._train_step(x, y)))
             now = time.perf_counter()
-            rate = (step - mark_step) * tokens_per_step / max(now - mark, 1e-9)
-            eta = (steps - step) * (now - start) / step
-            lr = self.learning_rate()
-            log.info("step %d/%d loss %.4f grad_norm %.3f lr %.2e tokens/s %.0f ETA %.0fs",
-                     step, steps, loss, norm, lr, rate, eta)
-            if writer is not None:
-                with writer.as_default(step=step):
-                    tf.summary.scalar("train/loss", loss)
-                    tf.summary.scalar("train/grad_norm", norm)
-                    tf.summary.scalar("train/learning_rate", lr)
-                    tf.summary.scalar("train/tokens_per_second", rate)
-                    for i, moe in enumerate(self.model.moe_layers()):
-                        load = moe.expert_load.numpy()
-                        tf.summary.scalar(f"moe/load_max_over_mean/{i}", load.max() / max(load.mean(), 1e-9))
-            mark, mark_step = now, step
-        seconds = time.perf_counter() - start
-        return TrainResult(steps=steps, seconds=seconds, tokens=steps * tokens_per_step, last_loss=loss)
+            if first_done is None:
+                first_done = now
+            out_of_time = bool(cfg.max_train_seconds) and now - start >= cfg.max_train_seconds
+            last = step == steps or out_of_time
+            save = last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+            log_now = last or step % cfg.log_every == 0
+            if not (save or log_now):
+                continue
+            loss, norm = self._check_finite(pending, checkpointer)
+            pending = []
+            now = time.perf_counter()
+            if log_now:
+                rate = (step - mark_step) * tokens_per_step / max(now - mark, 1e-9)
+                mfu = rate * self.flops_per_token / self.peak_flops if self.peak_flops else float("nan")
+                eta = (steps - step) * (now - start) / max(step - start_step, 1)
+                lr = self.learning_rate()
+                log.info("step %d/%d loss %.4f grad_norm %.3f lr %.2e tokens/s %.0f MFU %.1f%% ETA %.0fs",
+                         step, steps, loss, norm, lr, rate, 100 * mfu, eta)
+                if writer is not None:
+                    with writer.as_default(step=step):
+                        tf.summary.scalar("train/loss", loss)
+                        tf.summary.scalar("train/grad_norm", norm)
+                        tf.summary.scalar("train/learning_rate", lr)
+                        tf.summary.scalar("train/tokens_per_second", rate)
+                        if self.peak_flops:
+                            tf.summary.scalar("train/mfu", mfu)
+                        for i, moe in enumerate(self.model.moe_layers()):
+                            load = moe.expert_load.numpy()
+                            tf.summary.scalar(f"moe/load_max_over_mean/{i}", load.max() / max(load.mean(), 1e-9))
+                mark, mark_step = time.perf_counter(), step
+            if save and checkpointer is not None:
+                checkpointer.save(step)
+            if evaluate is not None and cfg.eval_every and step % cfg.eval_every == 0 and not last:
+                evaluate(step)
+            if out_of_time:
+                log.info("Stopped at step %d/%d: max_train_seconds (%.0f s) reached", step, steps,
+                         cfg.max_train_seconds)
+                break
+        end = time.perf_counter()
+        done = step - start_step
+        return TrainResult(start_step=start_step, steps=step, seconds=end - start,
+                           steady_seconds=(end - first_done) if first_done and done > 1 else 0.0,
+                           tokens=done * tokens_per_step, steady_tokens=max(done - 1, 0) * tokens_per_step,
+                           last_loss=loss, stopped_by_time=out_of_time and step < steps)
 
     def evaluate(self, dataset: tf.data.Dataset) -> float:
-        """Mean token NLL over the batches of ``dataset`` (nan when it is empty)."""
-        losses = [float(self._eval_step(x, y))
-                  for x, y in self.strategy.experimental_distribute_dataset(dataset)]
+        """Mean token NLL over the batches of ``dataset`` (nan when it is empty).
+
+        Not distributed: every worker scores the same few batches with its (identical)
+        weights, so no collective depends on how many eval batches a shard would get.
+        """
+        losses = [float(self._eval_step(x, y)) for x, y in dataset]
         return sum(losses) / len(losses) if losses else float("nan")

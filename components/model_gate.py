@@ -1,0 +1,186 @@
+"""The gate and the push: Evaluator and Pusher with the two behaviours TFX leaves out.
+
+* ``TokenizerAwareEvaluator`` is the standard Evaluator whose executor first
+  compares the candidate's tokenizer with the baseline's (each exported model
+  records its tokenizer's fingerprint in ``assets.extra/deepseek_config.json``).
+  Perplexities over different vocabularies are not comparable, so when the
+  tokenizers differ the change threshold against the baseline is taken from
+  ``BitsPerByte``; otherwise from ``Perplexity``. The pipeline's EvalConfig
+  carries change thresholds on both metrics; the executor keeps one and records
+  which on the evaluation artifact (custom property ``compared_by``).
+* ``AtomicPusher`` is the standard Pusher whose filesystem push is atomic: the
+  SavedModel is copied to ``<base>/.tmp-<version>-<pid>`` (TF Serving ignores
+  non-numeric directories) and renamed to ``<base>/<version>`` only when
+  complete, so a server polling the base path never loads a half-written
+  model. Versions are Unix seconds, bumped past the newest existing version so
+  they always increase. ``custom_config['keep_versions']`` (N > 0) then deletes
+  all but the newest N versions. On a local filesystem the rename is atomic;
+  on object stores (gs://) TensorFlow's rename is a copy then a delete, so
+  point TF Serving at a local or mounted directory when that matters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Optional
+
+from absl import logging
+from tfx import v1 as tfx
+from tfx.components.evaluator import executor as evaluator_executor
+from tfx.components.pusher import executor as pusher_executor
+from tfx.dsl.components.base import executor_spec
+from tfx.dsl.io import fileio
+from tfx.proto import pusher_pb2
+from tfx.types import artifact_utils, standard_component_specs
+from tfx.utils import io_utils, path_utils, proto_utils
+
+CONFIG_FILE = os.path.join("assets.extra", "deepseek_config.json")
+COMPARED_BY = "compared_by"
+PERPLEXITY, BITS_PER_BYTE = "Perplexity", "BitsPerByte"
+KEEP_VERSIONS = "keep_versions"
+TMP_PREFIX = ".tmp-"
+
+
+class GateError(RuntimeError):
+    """The gate or the push cannot go ahead; the message says why."""
+
+
+def tokenizer_fingerprint(model_artifact) -> Optional[str]:
+    """The fingerprint an exported model recorded for its tokenizer (None for older exports)."""
+    path = os.path.join(path_utils.serving_model_path(model_artifact.uri), CONFIG_FILE)
+    if not fileio.exists(path):
+        return None
+    with fileio.open(path) as f:
+        return json.load(f).get("tokenizer_fingerprint")
+
+
+def comparison_metric(candidate, baseline) -> Optional[str]:
+    """Which metric compares ``candidate`` with ``baseline``: None without a baseline."""
+    if baseline is None:
+        return None
+    theirs, ours = tokenizer_fingerprint(baseline), tokenizer_fingerprint(candidate)
+    return PERPLEXITY if ours is not None and ours == theirs else BITS_PER_BYTE
+
+
+def keep_change_threshold_on(eval_config, metric: str):
+    """A copy of ``eval_config`` whose only change thresholds are on ``metric``."""
+    import tensorflow_model_analysis as tfma  # noqa: PLC0415  (heavy)
+
+    config = tfma.EvalConfig()
+    config.CopyFrom(eval_config)
+    found = False
+    for spec in config.metrics_specs:
+        for metric_config in spec.metrics:
+            if not metric_config.threshold.HasField("change_threshold"):
+                continue
+            if metric_config.class_name == metric:
+                found = True
+            else:
+                metric_config.threshold.ClearField("change_threshold")
+                if not metric_config.threshold.ListFields():
+                    metric_config.ClearField("threshold")
+    if not found:
+        raise GateError(f"the EvalConfig has no change threshold on {metric}; the gate against the "
+                        f"baseline needs one (see pipeline.pipeline.eval_config)")
+    return config
+
+
+class _TokenizerAwareEvaluatorExecutor(evaluator_executor.Executor):
+    def Do(self, input_dict, output_dict, exec_properties) -> None:  # noqa: N802
+        import tensorflow_model_analysis as tfma  # noqa: PLC0415
+
+        candidate = artifact_utils.get_single_instance(input_dict[standard_component_specs.MODEL_KEY])
+        baselines = input_dict.get(standard_component_specs.BASELINE_MODEL_KEY) or []
+        metric = comparison_metric(candidate, baselines[0] if baselines else None)
+        key = standard_component_specs.EVAL_CONFIG_KEY
+        if metric is not None:
+            eval_config = tfma.EvalConfig()
+            proto_utils.json_to_proto(exec_properties[key], eval_config)
+            exec_properties = {**exec_properties,
+                               key: proto_utils.proto_to_json(keep_change_threshold_on(eval_config, metric))}
+            logging.info("Gate: candidate compared with baseline %s on %s (%s tokenizer)",
+                         baselines[0].uri, metric, "same" if metric == PERPLEXITY else "a different")
+        evaluation = artifact_utils.get_single_instance(output_dict[standard_component_specs.EVALUATION_KEY])
+        evaluation.set_string_custom_property(COMPARED_BY, metric or "none (no baseline)")
+        super().Do(input_dict, output_dict, exec_properties)
+
+
+class TokenizerAwareEvaluator(tfx.components.Evaluator):
+    """The standard Evaluator; the change threshold follows the tokenizers (module docstring)."""
+
+    EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(_TokenizerAwareEvaluatorExecutor)
+
+
+def numeric_versions(base: str) -> list[int]:
+    """The numeric version directories under ``base``, ascending."""
+    if not fileio.isdir(base):
+        return []
+    return sorted(int(n.rstrip("/")) for n in fileio.listdir(base) if n.rstrip("/").isdigit())
+
+
+def next_version(base: str, now: Optional[float] = None) -> int:
+    """Unix seconds, or one more than the newest version there when that is later."""
+    existing = numeric_versions(base)
+    return max(int(now if now is not None else time.time()), (existing[-1] + 1) if existing else 0)
+
+
+def push_atomically(model_path: str, base: str, keep_versions: int = 0) -> tuple[str, int]:
+    """Copies the SavedModel at ``model_path`` to ``base/<version>`` atomically; returns (path, version)."""
+    if not fileio.exists(os.path.join(model_path, "saved_model.pb")):
+        raise GateError(f"no SavedModel at {model_path} (saved_model.pb is missing); nothing was pushed")
+    fileio.makedirs(base)
+    version = next_version(base)
+    final = os.path.join(base, str(version))
+    tmp = os.path.join(base, f"{TMP_PREFIX}{version}-{os.getpid()}")
+    try:
+        io_utils.copy_dir(model_path, tmp)
+        fileio.rename(tmp, final, overwrite=False)
+    finally:
+        if fileio.exists(tmp):
+            fileio.rmtree(tmp)
+    logging.info("Pushed version %d to %s", version, final)
+    if keep_versions > 0:
+        for old in numeric_versions(base)[:-keep_versions]:
+            if old != version:
+                fileio.rmtree(os.path.join(base, str(old)))
+                logging.info("Retention (keep %d): removed version %d", keep_versions, old)
+    return final, version
+
+
+class _AtomicPusherExecutor(pusher_executor.Executor):
+    def Do(self, input_dict, output_dict, exec_properties) -> None:  # noqa: N802
+        self._log_startup(input_dict, output_dict, exec_properties)
+        model_push = artifact_utils.get_single_instance(output_dict[standard_component_specs.PUSHED_MODEL_KEY])
+        if not self.CheckBlessing(input_dict):
+            self._MarkNotPushed(model_push)
+            return
+        destination = pusher_pb2.PushDestination()
+        proto_utils.json_to_proto(exec_properties[standard_component_specs.PUSH_DESTINATION_KEY], destination)
+        if destination.WhichOneof("destination") != "filesystem":
+            raise GateError("AtomicPusher pushes to a filesystem destination only")
+        custom = json.loads(exec_properties.get(standard_component_specs.CUSTOM_CONFIG_KEY) or "null") or {}
+        model_path = self.GetModelPath(input_dict)
+        path, version = push_atomically(model_path, destination.filesystem.base_directory,
+                                        int(custom.get(KEEP_VERSIONS, 0)))
+        io_utils.copy_dir(model_path, model_push.uri)  # the archive copy, as the standard Pusher keeps
+        self._MarkPushed(model_push, pushed_destination=path, pushed_version=str(version))
+
+
+class AtomicPusher(tfx.components.Pusher):
+    """The standard Pusher with an atomic, versioned, retained filesystem push (module docstring).
+
+    Args:
+        model, model_blessing, push_destination: as for Pusher.
+        keep_versions: keep only the newest N versions under the base directory (0: keep all).
+    """
+
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(_AtomicPusherExecutor)
+
+    def __init__(self, model, model_blessing, push_destination, keep_versions: int = 0,
+                 custom_config: Optional[dict[str, Any]] = None):
+        if keep_versions < 0:
+            raise GateError(f"keep_versions must be >= 0, got {keep_versions}")
+        super().__init__(model=model, model_blessing=model_blessing, push_destination=push_destination,
+                         custom_config={**(custom_config or {}), KEEP_VERSIONS: keep_versions})

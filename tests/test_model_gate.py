@@ -1,0 +1,142 @@
+"""The gate's metric choice and the atomic, retained push, without running a pipeline."""
+
+import json
+import os
+import threading
+
+import pytest
+import tensorflow_model_analysis as tfma
+from tfx.types import standard_artifacts
+
+from components import model_gate
+from pipeline.config import PipelineConfig
+from pipeline.pipeline import eval_config
+
+
+def _model_artifact(tmp_path, name, fingerprint):
+    artifact = standard_artifacts.Model()
+    artifact.uri = str(tmp_path / name)
+    extra = tmp_path / name / "Format-Serving" / "assets.extra"
+    extra.mkdir(parents=True)
+    if fingerprint is not None:
+        (extra / "deepseek_config.json").write_text(json.dumps({"tokenizer_fingerprint": fingerprint}))
+    return artifact
+
+
+def test_same_tokenizer_compares_perplexity_different_compares_bits_per_byte(tmp_path):
+    a = _model_artifact(tmp_path, "a", "sentencepiece:aaa")
+    a2 = _model_artifact(tmp_path, "a2", "sentencepiece:aaa")
+    b = _model_artifact(tmp_path, "b", "sentencepiece:bbb")
+    old = _model_artifact(tmp_path, "old", None)  # an export from before fingerprints
+    assert model_gate.comparison_metric(a, None) is None
+    assert model_gate.comparison_metric(a, a2) == "Perplexity"
+    assert model_gate.comparison_metric(a, b) == "BitsPerByte"
+    assert model_gate.comparison_metric(a, old) == "BitsPerByte"  # unknown: only bpb is safe
+
+
+def _change_thresholds(config):
+    return {m.class_name for spec in config.metrics_specs for m in spec.metrics
+            if m.threshold.HasField("change_threshold")}
+
+
+def test_keep_change_threshold_keeps_one_metric_and_the_absolute_bounds():
+    config = eval_config(PipelineConfig(preset="tiny", max_perplexity=100.0, max_bits_per_byte=3.0))
+    assert _change_thresholds(config) == {"Perplexity", "BitsPerByte"}
+    for metric in ("Perplexity", "BitsPerByte"):
+        kept = model_gate.keep_change_threshold_on(config, metric)
+        assert _change_thresholds(kept) == {metric}
+        bounds = {m.class_name: m.threshold.value_threshold.upper_bound.value
+                  for spec in kept.metrics_specs for m in spec.metrics if m.threshold.HasField("value_threshold")}
+        assert bounds == {"Perplexity": 100.0, "BitsPerByte": 3.0}
+    assert _change_thresholds(config) == {"Perplexity", "BitsPerByte"}  # the input is not modified
+
+
+def test_missing_change_threshold_is_an_error():
+    config = tfma.EvalConfig(metrics_specs=[tfma.MetricsSpec(metrics=[tfma.MetricConfig(class_name="Perplexity")])])
+    with pytest.raises(model_gate.GateError, match="no change threshold on BitsPerByte"):
+        model_gate.keep_change_threshold_on(config, "BitsPerByte")
+
+
+def _saved_model(path, files=3, size=1000):
+    path.mkdir(parents=True)
+    (path / "variables").mkdir()
+    for i in range(files):
+        (path / "variables" / f"part-{i}").write_bytes(os.urandom(size))
+    (path / "saved_model.pb").write_bytes(b"graph")
+    return str(path)
+
+
+def test_push_writes_increasing_versions_and_keeps_the_newest(tmp_path):
+    model = _saved_model(tmp_path / "model")
+    base = str(tmp_path / "serving" / "deepseek")
+    versions = [model_gate.push_atomically(model, base, keep_versions=2)[1] for _ in range(4)]
+    assert versions == sorted(set(versions))  # strictly increasing, even within one second
+    assert sorted(os.listdir(base)) == sorted(str(v) for v in versions[-2:])
+    for v in versions[-2:]:
+        assert sorted(os.listdir(os.path.join(base, str(v)))) == ["saved_model.pb", "variables"]
+    assert model_gate.next_version(base, now=0) == versions[-1] + 1
+    assert model_gate.next_version(base, now=versions[-1] + 100) == versions[-1] + 100
+
+
+def test_keep_versions_zero_keeps_all(tmp_path):
+    model = _saved_model(tmp_path / "model")
+    base = str(tmp_path / "serving")
+    for _ in range(3):
+        model_gate.push_atomically(model, base)
+    assert len(model_gate.numeric_versions(base)) == 3
+
+
+def test_a_failed_copy_leaves_no_version_and_no_temporary(tmp_path, monkeypatch):
+    model = _saved_model(tmp_path / "model")
+    base = tmp_path / "serving"
+    real_copy = model_gate.io_utils.copy_dir
+
+    def copy_then_fail(src, dst, **kwargs):
+        real_copy(src, dst, **kwargs)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(model_gate.io_utils, "copy_dir", copy_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        model_gate.push_atomically(model, str(base))
+    assert os.listdir(base) == []
+
+
+def test_not_a_saved_model_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(model_gate.GateError, match="saved_model.pb is missing"):
+        model_gate.push_atomically(str(tmp_path / "empty"), str(tmp_path / "serving"))
+    assert not (tmp_path / "serving").exists()
+
+
+def test_a_polling_server_never_sees_a_partial_version(tmp_path):
+    model = _saved_model(tmp_path / "model", files=200, size=20_000)
+    base = str(tmp_path / "serving")
+    os.makedirs(base)
+    seen, partial, stop = set(), [], threading.Event()
+
+    def poll():  # what TF Serving's file system poller does: list numeric dirs and load them
+        while not stop.is_set():
+            for v in model_gate.numeric_versions(base):
+                files = os.listdir(os.path.join(base, str(v), "variables"))
+                seen.add(v)
+                if len(files) != 200 or not os.path.exists(os.path.join(base, str(v), "saved_model.pb")):
+                    partial.append((v, len(files)))
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        pushed = [model_gate.push_atomically(model, base)[1] for _ in range(3)]
+    finally:
+        stop.set()
+        poller.join()
+    assert partial == []
+    assert seen and seen <= set(pushed)
+
+
+def test_negative_retention_is_refused():
+    from tfx import v1 as tfx
+
+    with pytest.raises(model_gate.GateError, match="keep_versions must be >= 0"):
+        model_gate.AtomicPusher(model=tfx.dsl.Channel(type=standard_artifacts.Model),
+                                model_blessing=tfx.dsl.Channel(type=standard_artifacts.ModelBlessing),
+                                push_destination=tfx.proto.PushDestination(), keep_versions=-1)

@@ -1,0 +1,148 @@
+"""The Trainer's run_fn on a real Transform output: preemption, warm start, two workers.
+
+Each test runs run_fn (in this process or in child processes, like TFX's
+Trainer would) with the tiny preset and the byte tokenizer.
+"""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import portpicker
+import pytest
+import tensorflow as tf
+
+from tests.trainer_inputs import fn_args
+from trainer_module import trainer
+from trainer_module.config import get_preset
+from trainer_module.model import DeepSeekLM
+from trainer_module.tokenizer import ByteTokenizer
+
+pytestmark = pytest.mark.slow
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = get_preset("tiny")
+
+
+def _custom(**train):
+    cfg = TINY.train.replace(log_every=5, eval_batches=2, **train)
+    return {"model": TINY.model.to_dict(), "train": cfg.to_dict(), "preset": "tiny"}
+
+
+def _summary(args):
+    with open(os.path.join(args.model_run_dir, trainer.SUMMARY_FILE)) as f:
+        return json.load(f)
+
+
+CHILD = r"""
+import json, sys
+from tests.trainer_inputs import fn_args
+from trainer_module import trainer
+spec = json.loads(sys.argv[1])
+trainer.run_fn(fn_args(spec["inputs"], spec["run_dir"], spec["steps"], spec["custom"], spec.get("base_model")))
+"""
+
+
+def _child(spec: dict, env_extra: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": REPO, "TF_USE_LEGACY_KERAS": "1", "CUDA_VISIBLE_DEVICES": "",
+           **(env_extra or {})}
+    return subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(spec)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_sigkilled_trainer_resumes_from_its_last_checkpoint(trainer_inputs, tmp_path):
+    steps, custom = 300, _custom(checkpoint_every=5)
+    first = fn_args(trainer_inputs, str(tmp_path), steps, custom)
+    ckpt_dir = trainer.checkpoint_dir(first, custom)
+    proc = _child({"inputs": trainer_inputs, "run_dir": str(tmp_path), "steps": steps, "custom": custom})
+    deadline = time.time() + 300
+    while tf.train.latest_checkpoint(ckpt_dir) is None or int(tf.train.latest_checkpoint(ckpt_dir).rsplit("-")[-1]) < 10:
+        assert proc.poll() is None, f"the trainer ended before it could be killed:\n{proc.stdout.read()}"
+        assert time.time() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = int(tf.train.latest_checkpoint(ckpt_dir).rsplit("-")[-1])
+    assert 10 <= killed_at < steps
+    assert not os.path.exists(first.serving_model_dir)  # nothing exported by the killed run
+
+    # TFX runs the Trainer again as a new execution: a new model_run directory, the same inputs.
+    again = fn_args(trainer_inputs, str(tmp_path), steps, custom)
+    again.model_run_dir = os.path.join(str(tmp_path), "Trainer", "model_run", "2")
+    assert trainer.checkpoint_dir(again, custom) == ckpt_dir
+    trainer.run_fn(again)
+    summary = _summary(again)
+    assert summary["resumed_from_step"] >= killed_at  # it may have saved once more before dying
+    assert summary["train_steps"] == steps
+    assert summary["train_tokens"] == (steps - summary["resumed_from_step"]) * TINY.train.batch_size * 64
+    assert os.path.exists(os.path.join(again.serving_model_dir, "saved_model.pb"))
+
+    # The resumed run ends where an uninterrupted run ends: same data order, restored optimizer.
+    straight = fn_args(trainer_inputs, str(tmp_path / "straight"), steps,
+                       {**custom, "checkpoint_root": str(tmp_path / "straight_ckpt")})
+    trainer.run_fn(straight)
+    assert _summary(straight)["resumed_from_step"] == 0
+    assert summary["final_train_loss"] == pytest.approx(_summary(straight)["final_train_loss"], rel=1e-3)
+    assert summary["eval_loss_sampled"] == pytest.approx(_summary(straight)["eval_loss_sampled"], rel=1e-3)
+
+
+@pytest.fixture(scope="module")
+def base_export(trainer_inputs, tmp_path_factory):
+    base = fn_args(trainer_inputs, str(tmp_path_factory.mktemp("base")), 60, _custom())
+    trainer.run_fn(base)
+    return base
+
+
+def test_warm_start_continues_from_the_base_model(trainer_inputs, base_export, tmp_path):
+    base_loss = _summary(base_export)["eval_loss_sampled"]
+    assert base_loss < math.log(ByteTokenizer.vocab_size) - 1  # well below a uniform guess
+    frozen = _custom(learning_rate=1e-9, warmup_steps=0, weight_decay=0.0)  # a step that barely moves
+    warm = fn_args(trainer_inputs, str(tmp_path), 1, frozen, base_model=base_export.serving_model_dir)
+    trainer.run_fn(warm)
+    assert _summary(warm)["base_model"] == f"warm-started from {base_export.serving_model_dir}"
+    assert _summary(warm)["eval_loss_sampled"] == pytest.approx(base_loss, rel=1e-3)
+
+
+def test_warm_start_refuses_an_incompatible_base(base_export):
+    def model(**changes):
+        m = DeepSeekLM(TINY.model.replace(vocab_size=ByteTokenizer.vocab_size, **changes))
+        m(tf.zeros([1, 8], tf.int64))
+        return m
+
+    assert trainer.warm_start(model(d_model=96), base_export.serving_model_dir, ByteTokenizer()) == \
+        "not warm-started: the base model has a different architecture"
+
+    class OtherTokenizer(ByteTokenizer):
+        fingerprint = "sentencepiece:other"
+
+    assert trainer.warm_start(model(), base_export.serving_model_dir, OtherTokenizer()) == \
+        "not warm-started: the base model was trained with a different tokenizer"
+    assert trainer.warm_start(model(), "/nonexistent", ByteTokenizer()).startswith("not warm-started: ")
+
+
+def test_two_workers_train_identical_weights_and_only_the_chief_exports(trainer_inputs, tmp_path):
+    ports = [portpicker.pick_unused_port() for _ in range(2)]
+    cluster = {"worker": [f"localhost:{p}" for p in ports]}
+    custom = {**_custom(checkpoint_every=10), "checkpoint_root": str(tmp_path / "ckpt")}
+    procs = []
+    for index in range(2):
+        spec = {"inputs": trainer_inputs, "run_dir": str(tmp_path / f"w{index}"), "steps": 20, "custom": custom}
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        procs.append(_child(spec, {"TF_CONFIG": tf_config}))
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out[-3000:]
+    chief = fn_args(trainer_inputs, str(tmp_path / "w0"), 20, custom)
+    worker = fn_args(trainer_inputs, str(tmp_path / "w1"), 20, custom)
+    worker.model_run_dir = os.path.join(worker.model_run_dir, "worker-1")
+    chief_summary, worker_summary = _summary(chief), _summary(worker)
+    assert chief_summary["replicas"] == worker_summary["replicas"] == 2
+    assert chief_summary["weights_sha256"] == worker_summary["weights_sha256"]
+    assert os.path.exists(os.path.join(chief.serving_model_dir, "saved_model.pb"))
+    assert not os.path.exists(worker.serving_model_dir)
+    checkpoints = tf.train.get_checkpoint_state(trainer.checkpoint_dir(chief, custom)).all_model_checkpoint_paths
+    assert [c.rsplit("-")[-1] for c in checkpoints] == ["10", "20"]
