@@ -132,7 +132,8 @@ def format_summary(summary: dict) -> str:
         f"; {num('replaced_invalid_utf8')} invalid UTF-8 sequence(s) replaced",
         f"  tokens:        {num('corpus_tokens')} in the corpus; trained on {num('train_tokens')}",
         f"  training:      {num('train_steps')} steps, {num('parameters')} parameters, "
-        f"{num('train_tokens_per_second', '{:,.0f}')} tokens/s, last loss {num('final_train_loss', '{:.4f}')}",
+        f"{num('train_tokens_per_second', '{:,.0f}')} tokens/s (MFU {num('train_mfu', '{:.1%}')}), "
+        f"last loss {num('final_train_loss', '{:.4f}')}; {summary.get('warm_start') or 'n/a'}",
         f"  evaluation:    perplexity {num('eval_perplexity', '{:.3f}')}, bits per byte "
         f"{num('eval_bits_per_byte', '{:.4f}')} on {num('eval_examples', '{:,.0f}')} eval examples",
         f"  blessed:       {'yes' if summary.get('blessed') else 'no'}",

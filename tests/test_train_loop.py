@@ -69,6 +69,11 @@ def test_xla_compiled_step_matches_on_the_dense_model():
     assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-4)
 
 
+def test_xla_with_moe_is_a_config_error():
+    with pytest.raises(ConfigError, match="jit_compile needs a model without MoE layers"):
+        _loop(STEP.replace(jit_compile=True))
+
+
 def test_checkpoint_restores_weights_optimizer_and_step(tmp_path):
     loop = _loop(STEP.replace(checkpoint_every=5))
     ckpt = Checkpointer(loop.model, loop.optimizer, str(tmp_path), keep=2)

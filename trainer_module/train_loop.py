@@ -20,7 +20,7 @@ from typing import Optional
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer_module.config import TrainConfig
+from trainer_module.config import ConfigError, TrainConfig
 from trainer_module.model import DeepSeekLM, token_nll
 
 log = logging.getLogger(f"deepseek_tfx.{__name__}")
@@ -131,6 +131,11 @@ class TrainLoop:
                  flops_per_token: float = 0.0, peak_flops: float = 0.0):
         self.model, self.optimizer, self.strategy, self.cfg = model, optimizer, strategy, cfg
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
+        if cfg.jit_compile and model.moe_layers():
+            raise ConfigError(
+                "TrainConfig.jit_compile needs a model without MoE layers (ModelConfig.dense=True, or "
+                "n_dense_layers == n_layers): DeepSeekMoE's dropless dispatch has data-dependent shapes, "
+                "which XLA cannot compile")
         self._scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
         # XLA compiles the loss and gradients; applying them (a cross-replica merge) stays outside.
         self._gradients = (tf.function(self._accumulated_gradients, autograph=False, jit_compile=True)
