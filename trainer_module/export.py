@@ -157,13 +157,19 @@ class LanguageModelModule(tf.Module):
         steps = tf.clip_by_value(max_new_tokens, 0, self._max_new_tokens_limit)
         logits, caches, valid = self._prefill(tokens)
         position = tf.cast(longest, tf.int32)
+        # Fixed-size loop state, so a step costs the same at every position: the last t tokens of text
+        # (for the slide) and the new ids in a buffer of the clipped length.
+        window = tf.concat([tf.fill([batch, t - longest], tf.constant(PAD_ID, tf.int64)), tokens], axis=1)
+        generated = tf.fill([batch, steps], tf.constant(PAD_ID, tf.int64))
 
-        def body(i, tokens, caches, valid, position, logits, done):
+        def body(i, generated, window, caches, valid, position, logits, done):
             nxt = _sample(logits, temperature, top_k, seed, i)
             nxt = tf.where(done, tf.constant(PAD_ID, tf.int64), nxt)
             if self._stop_at_eos:
                 done = tf.logical_or(done, tf.equal(nxt, EOS_ID))
-            tokens = tf.concat([tokens, nxt[:, None]], axis=1)
+            generated = tf.tensor_scatter_nd_update(
+                generated, tf.stack([tf.range(batch), tf.fill([batch], tf.cast(i, batch.dtype))], axis=1), nxt)
+            window = tf.concat([window[:, 1:], nxt[:, None]], axis=1)
 
             def step():
                 now_valid = tf.logical_or(valid, tf.cast(tf.one_hot(position, t), tf.bool)[None, :])
@@ -171,19 +177,19 @@ class LanguageModelModule(tf.Module):
                 return new_logits, new_caches, now_valid, position + 1
 
             def slide():  # cache full: restart from the last half context of text
-                new_logits, new_caches, new_valid = self._prefill(tokens[:, -(t // 2):])
+                new_logits, new_caches, new_valid = self._prefill(window[:, -(t // 2):])
                 return new_logits, new_caches, new_valid, tf.constant(t // 2, tf.int32)
 
             logits, caches, valid, position = tf.cond(position < t, step, slide)
-            return i + 1, tokens, caches, valid, position, logits, done
+            return i + 1, generated, window, caches, valid, position, logits, done
 
-        state = [tf.constant(0), tokens, caches, valid, position, logits, tf.zeros([batch], tf.bool)]
+        state = [tf.constant(0), generated, window, caches, valid, position, logits, tf.zeros([batch], tf.bool)]
         invariants = tf.nest.map_structure(lambda x: tf.TensorShape([None] * len(x.shape)), state)
-        invariants[0] = invariants[4] = tf.TensorShape([])
+        invariants[0] = invariants[5] = tf.TensorShape([])
         state = tf.while_loop(
             lambda i, *rest: tf.logical_and(i < steps, tf.logical_not(tf.reduce_all(rest[-1]))),
             body, state, shape_invariants=invariants)
-        return {"text": self._tokenizer.detokenize(state[1][:, longest:])}
+        return {"text": self._tokenizer.detokenize(state[1][:, :state[0]])}
 
     def _prefill(self, tokens):
         """Runs the prompt [B, L] (L < context_len) into a context_len-slot cache.
