@@ -52,8 +52,21 @@ class Layout:
         return os.path.join(self.output, "default_corpus")
 
 
-def default_beam_args() -> list[str]:
-    """DirectRunner in multi-processing mode, one worker per core."""
+IN_MEMORY_BELOW_BYTES = 64 << 20
+"""Corpora smaller than this run the DirectRunner in memory (see default_beam_args)."""
+
+
+def default_beam_args(corpus_bytes: Optional[int] = None) -> list[str]:
+    """DirectRunner options for a corpus of ``corpus_bytes`` (None: unknown, e.g. on a bucket).
+
+    Small corpora run in memory: worker start-up (each multi-processing worker
+    imports TensorFlow and TFX) dominates, and a whole tiny-preset run on 80 KB
+    measured 100.8 s in memory against 192.0 s with two worker processes. Larger
+    ones run in multi-processing mode with one worker per core. ``--beam-arg``
+    overrides either.
+    """
+    if corpus_bytes is not None and corpus_bytes < IN_MEMORY_BELOW_BYTES:
+        return ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
     return ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
             f"--direct_num_workers={os.cpu_count() or 1}"]
 
@@ -74,7 +87,6 @@ def mysql_connection(env: dict) -> metadata_store_pb2.ConnectionConfig:
     config.mysql.database = env["DEEPSEEK_TFX_MYSQL_DATABASE"]
     config.mysql.user = env["DEEPSEEK_TFX_MYSQL_USER"]
     config.mysql.password = env.get("DEEPSEEK_TFX_MYSQL_PASSWORD", "")
-    config.mysql.create_if_missing = True
     return config
 
 
@@ -98,7 +110,8 @@ def run(
     if corpus is None:
         corpus = corpus_lib.write_default_corpus(layout.default_corpus_dir)
     base, pattern = corpus_lib.resolve(os.path.abspath(corpus) if "://" not in corpus else corpus)
-    corpus_lib.check(base, pattern)
+    files, _ = corpus_lib.check(base, pattern)
+    corpus_bytes = sum(os.path.getsize(f) for f in files) if "://" not in base else None
     metadata = metadata or sqlite_connection(layout.metadata_path)
     pipeline = create_pipeline(
         pipeline_name=pipeline_name,
@@ -108,7 +121,7 @@ def run(
         serving_model_dir=layout.serving_model_dir,
         config=config,
         metadata_connection_config=metadata,
-        beam_pipeline_args=[*default_beam_args(), *beam_args],
+        beam_pipeline_args=[*default_beam_args(corpus_bytes), *beam_args],
     )
     tfx.orchestration.LocalDagRunner().run(pipeline)
     summary = report.run_summary(report.open_store(metadata), pipeline_name)
