@@ -15,6 +15,7 @@ setup(
         "tensorflow-text==2.16.1",
         "sentencepiece",
         "dill",
+        "kfp-pipeline-spec",  # KubeflowV2DagRunner (compile for Vertex AI / Kubeflow)
     ],
     extras_require={"test": ["pytest"]},
     entry_points={"console_scripts": ["deepseek-tfx=pipeline.cli:main"]},

@@ -15,6 +15,8 @@ from tfx import types
 from tfx.components.trainer import executor as trainer_executor
 from tfx.components.transform import executor as transform_executor
 from tfx.dsl.components.base import base_beam_component, base_component, executor_spec
+from tfx.extensions.google_cloud_ai_platform import constants
+from tfx.extensions.google_cloud_ai_platform.trainer import executor as vertex_executor
 from tfx.proto import trainer_pb2
 from tfx.types import artifact_utils, standard_artifacts, standard_component_specs
 from tfx.types.component_spec import ChannelParameter
@@ -44,6 +46,36 @@ class _TrainerExecutor(trainer_executor.GenericExecutor):
     def Do(self, input_dict, output_dict, exec_properties) -> None:  # noqa: N802
         inputs, properties = _with_tokenizer_dir(input_dict, exec_properties)
         super().Do(inputs, output_dict, properties)
+
+
+class _VertexTrainerExecutor(vertex_executor.GenericExecutor):
+    """Submits the Trainer as a Vertex AI custom job; the job runs ``run_fn`` on every replica."""
+
+    def Do(self, input_dict, output_dict, exec_properties) -> None:  # noqa: N802
+        inputs, properties = _with_tokenizer_dir(input_dict, exec_properties)
+        super().Do(inputs, output_dict, properties)
+
+
+def vertex_training_config(project: str, region: str, image: str, replicas: int,
+                           machine_type: str = "n1-standard-8") -> dict[str, Any]:
+    """The Trainer's ``custom_config`` keys for TFX's Vertex AI training extension.
+
+    One chief plus ``replicas - 1`` workers of the pipeline image; Vertex sets
+    ``TF_CONFIG`` on each, so ``run_fn`` trains with MultiWorkerMirroredStrategy and
+    only the chief exports.
+    """
+    if replicas < 1:
+        raise ValueError(f"--vertex-training-replicas must be >= 1, got {replicas}")
+    container = {"image_uri": image}
+    pools = [{"machine_spec": {"machine_type": machine_type}, "replica_count": 1, "container_spec": container}]
+    if replicas > 1:
+        pools.append({"machine_spec": {"machine_type": machine_type}, "replica_count": replicas - 1,
+                      "container_spec": container})
+    return {
+        constants.ENABLE_VERTEX_KEY: True,
+        constants.VERTEX_REGION_KEY: region,
+        vertex_executor.TRAINING_ARGS_KEY: {"project": project, "job_spec": {"worker_pool_specs": pools}},
+    }
 
 
 class TokenizingTransformSpec(standard_component_specs.TransformSpec):
@@ -109,3 +141,9 @@ class TokenizingTrainer(base_component.BaseComponent):
             custom_config=json_utils.dumps(custom_config or {}),
             model=types.Channel(type=standard_artifacts.Model),
             model_run=types.Channel(type=standard_artifacts.ModelRun)))
+
+
+class VertexTokenizingTrainer(TokenizingTrainer):
+    """TokenizingTrainer that trains as a Vertex AI custom job (chief + workers; see vertex_training_config)."""
+
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(_VertexTrainerExecutor)

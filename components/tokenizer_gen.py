@@ -42,15 +42,15 @@ _TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+)
 
 
 class Tokenizer(types.Artifact):
-    """A learned tokenizer: ``tokenizer.model`` (SentencePiece), ``tokenizer.vocab``, ``tokenizer.json``."""
+    """A learned tokenizer: ``tokenizer.model`` (SentencePiece), ``tokenizer.vocab``, ``tokenizer.json``.
 
-    TYPE_NAME = "Tokenizer"
-    PROPERTIES = {
-        "tokenizer_type": types.artifact.Property(type=types.artifact.PropertyType.STRING),
-        "vocab_size": types.artifact.Property(type=types.artifact.PropertyType.INT),
-        "sample_size": types.artifact.Property(type=types.artifact.PropertyType.INT),
-        "span": types.artifact.Property(type=types.artifact.PropertyType.INT),
-    }
+    Custom properties: ``tokenizer_type``, ``vocab_size``, ``sample_size``, ``span``
+    (and ``reused_from_artifact_id`` when carried over). They are custom properties,
+    and the type name is namespaced, because the Kubeflow V2 / Vertex compiler
+    accepts custom artifact types only in that form.
+    """
+
+    TYPE_NAME = "deepseek_tfx.Tokenizer"
 
 
 class TokenizerError(ValueError):
@@ -116,7 +116,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         tokenizer = artifact_utils.get_single_instance(output_dict["tokenizer"])
         # ExampleGen records the span as a custom property.
-        tokenizer.span = examples.get_int_custom_property("span") if examples.has_custom_property("span") else 0
+        tokenizer.set_int_custom_property(
+            "span", examples.get_int_custom_property("span") if examples.has_custom_property("span") else 0)
         base = input_dict.get("base_tokenizer") or []
         if base:
             self._carry_over(base[0], tokenizer)
@@ -162,17 +163,18 @@ class Executor(base_beam_executor.BaseBeamExecutor):
     def _write(tokenizer, info: dict, sample_size: int) -> None:
         with tf.io.gfile.GFile(os.path.join(tokenizer.uri, INFO_FILE), "w") as f:
             json.dump(info, f, indent=2, sort_keys=True)
-        tokenizer.tokenizer_type = info.get("model_type", info["type"])
-        tokenizer.vocab_size = int(info["vocab_size"])
-        tokenizer.sample_size = sample_size
+        tokenizer.set_string_custom_property("tokenizer_type", info.get("model_type", info["type"]))
+        tokenizer.set_int_custom_property("vocab_size", int(info["vocab_size"]))
+        tokenizer.set_int_custom_property("sample_size", sample_size)
 
     @staticmethod
     def _carry_over(base, tokenizer) -> None:
         tf.io.gfile.makedirs(tokenizer.uri)
         for name in tf.io.gfile.listdir(base.uri):
             tf.io.gfile.copy(os.path.join(base.uri, name), os.path.join(tokenizer.uri, name), overwrite=True)
-        for name in ("tokenizer_type", "vocab_size", "sample_size"):
-            setattr(tokenizer, name, getattr(base, name))
+        tokenizer.set_string_custom_property("tokenizer_type", base.get_string_custom_property("tokenizer_type"))
+        for name in ("vocab_size", "sample_size"):
+            tokenizer.set_int_custom_property(name, base.get_int_custom_property(name))
         tokenizer.set_int_custom_property("reused_from_artifact_id", base.id)
         log.info("Reusing tokenizer #%d (the latest blessed model's)", base.id)
 

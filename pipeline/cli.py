@@ -21,8 +21,6 @@ EXIT_FAILED = 1
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from trainer_module.config import PAPER_PRESETS, PRESETS  # light import: dataclasses only
-
     parser = argparse.ArgumentParser(
         prog="deepseek-tfx",
         description="Train, evaluate and push a DeepSeek-style language model with a TFX pipeline.")
@@ -36,37 +34,64 @@ def _build_parser() -> argparse.ArgumentParser:
                           "with {SPAN}; default: the built-in Python documentation corpus")
     run.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
                      help=f"output directory (default: {DEFAULT_OUTPUT})")
-    run.add_argument("--preset", default="small", choices=sorted(set(PRESETS) - set(PAPER_PRESETS)),
-                     help="model preset (default: small); the paper-sized presets are counted, not built")
-    run.add_argument("--train-steps", type=int, metavar="N", help="trainer steps (default: the preset's)")
-    run.add_argument("--eval-fraction", type=float, default=0.1, metavar="F",
-                     help="share of documents in the eval split (default: 0.1)")
-    run.add_argument("--max-bits-per-byte", type=float, default=4.0, metavar="X",
-                     help="bless only below this eval bits per byte (default: 4.0)")
-    run.add_argument("--max-perplexity", type=float, metavar="X",
-                     help="bless only below this eval perplexity (default: no bound)")
-    run.add_argument("--regression-tolerance", type=float, default=0.0, metavar="X",
-                     help="bless a candidate at most this much perplexity worse than the last blessed model "
-                          "(default: 0)")
-    run.add_argument("--bpb-regression-tolerance", type=float, default=0.0, metavar="X",
-                     help="the same in bits per byte, used when the two models' tokenizers differ (default: 0)")
-    run.add_argument("--keep-versions", type=int, default=5, metavar="N",
-                     help="pushed versions kept in the serving directory; 0 keeps all (default: 5)")
-    run.add_argument("--tokenizer", choices=("sentencepiece", "byte"), default="sentencepiece",
-                     help="learned SentencePiece subwords (default) or plain UTF-8 bytes")
-    run.add_argument("--tokenizer-model", choices=("bpe", "unigram"), default="bpe",
-                     help="SentencePiece algorithm (default: bpe)")
-    run.add_argument("--vocab-size", type=int, default=2048, metavar="N",
-                     help="SentencePiece vocabulary size incl. 4 reserved ids and 256 byte pieces "
-                          "(default: 2048; reduced, with a warning, when the corpus is too small)")
-    run.add_argument("--retrain-tokenizer", action="store_true",
-                     help="learn a new tokenizer even if a blessed model exists (default: reuse its tokenizer)")
+    _add_config_args(run)
     run.add_argument("--beam-arg", action="append", default=[], metavar="ARG",
                      help="extra Beam pipeline option, repeatable, e.g. --beam-arg=--runner=DataflowRunner")
     run.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
                      help="ML Metadata store: OUTPUT/metadata.sqlite, or MySQL from "
                           "DEEPSEEK_TFX_MYSQL_{HOST,PORT,DATABASE,USER,PASSWORD}")
     run.set_defaults(func=_cmd_run)
+
+    retrain = sub.add_parser(
+        "retrain", help="retrain on the latest span of new data; push only when better",
+        description="Run the pipeline on the latest span of CORPUS (CORPUS/span-N/...): reuse the blessed "
+                    "model's tokenizer, warm-start from the latest blessed model, gate against it and push "
+                    "only a better model. With no new span, nothing re-executes. Schedule it with cron or a "
+                    "systemd timer (see the README).")
+    retrain.add_argument("--corpus", required=True, metavar="DIR", help="directory holding span-1/, span-2/, ...")
+    retrain.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
+                         help=f"output directory, the same for every retraining (default: {DEFAULT_OUTPUT})")
+    _add_config_args(retrain)
+    retrain.add_argument("--beam-arg", action="append", default=[], metavar="ARG", help="as for run")
+    retrain.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite", help="as for run")
+    retrain.set_defaults(func=_cmd_run)
+
+    compile_ = sub.add_parser(
+        "compile", help="compile the pipeline for Vertex AI Pipelines or Kubeflow Pipelines",
+        description="Compile the same pipeline with TFX's KubeflowV2DagRunner: a PipelineJob JSON (vertex) or "
+                    "a pipeline-spec YAML (kubeflow).")
+    compile_.add_argument("--engine", choices=("vertex", "kubeflow"), required=True)
+    compile_.add_argument("--image", required=True, help="pipeline image (built from the Dockerfile)")
+    compile_.add_argument("--pipeline-root", required=True, metavar="URI", help="e.g. gs://bucket/root")
+    compile_.add_argument("--corpus", required=True, metavar="URI", help="corpus directory, e.g. gs://bucket/corpus")
+    compile_.add_argument("--corpus-pattern", default="span-{SPAN}/*", metavar="GLOB",
+                          help="files under --corpus (default: span-{SPAN}/*, the latest span at each run)")
+    compile_.add_argument("--serving-dir", metavar="URI",
+                          help="Pusher destination (default: PIPELINE_ROOT/serving_model/deepseek)")
+    compile_.add_argument("--output", metavar="FILE", help="default: deepseek-tfx.json (vertex) or .yaml (kubeflow)")
+    _add_config_args(compile_)
+    compile_.add_argument("--vertex-training-replicas", type=int, metavar="N",
+                          help="train as a Vertex AI custom job with N replicas (chief + N-1 workers, "
+                               "MultiWorkerMirroredStrategy); needs --project and --region")
+    compile_.add_argument("--dataflow", action="store_true",
+                          help="run the data components on Dataflow; needs --project and --region")
+    compile_.add_argument("--project", help="Google Cloud project (for --vertex-training-replicas, --dataflow)")
+    compile_.add_argument("--region", help="Google Cloud region (for --vertex-training-replicas, --dataflow)")
+    compile_.add_argument("--beam-arg", action="append", default=[], metavar="ARG", help="extra Beam option")
+    compile_.set_defaults(func=_cmd_compile)
+
+    submit = sub.add_parser(
+        "submit", help="submit a compiled pipeline to Vertex AI or Kubeflow, once or on a schedule",
+        description="Run a compiled pipeline (see compile) on Vertex AI Pipelines (google-cloud-aiplatform) or "
+                    "Kubeflow Pipelines (kfp.Client), or schedule it with --schedule CRON.")
+    submit.add_argument("--engine", choices=("vertex", "kubeflow"), required=True)
+    submit.add_argument("--package", required=True, metavar="FILE", help="the compiled pipeline")
+    submit.add_argument("--project", help="Google Cloud project (vertex)")
+    submit.add_argument("--region", help="Google Cloud region (vertex)")
+    submit.add_argument("--pipeline-root", metavar="URI", help="pipeline root (vertex)")
+    submit.add_argument("--host", metavar="URL", help="Kubeflow Pipelines endpoint (kubeflow)")
+    submit.add_argument("--schedule", metavar="CRON", help="e.g. '0 3 * * *': schedule instead of running once")
+    submit.set_defaults(func=_cmd_submit)
 
     lineage = sub.add_parser(
         "lineage", help="show what the latest pushed model was made from",
@@ -91,6 +116,51 @@ def _build_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt", nargs="+", help="one or more prompts")
     generate.set_defaults(func=_cmd_generate)
     return parser
+
+
+def _add_config_args(parser) -> None:
+    """Model, gate and tokenizer options shared by run, retrain and compile."""
+    from trainer_module.config import PAPER_PRESETS, PRESETS  # light import: dataclasses only
+
+    parser.add_argument("--preset", default="small", choices=sorted(set(PRESETS) - set(PAPER_PRESETS)),
+                        help="model preset (default: small); the paper-sized presets are counted, not built")
+    parser.add_argument("--train-steps", type=int, metavar="N", help="trainer steps (default: the preset's)")
+    parser.add_argument("--eval-fraction", type=float, default=0.1, metavar="F",
+                        help="share of documents in the eval split (default: 0.1)")
+    parser.add_argument("--max-bits-per-byte", type=float, default=4.0, metavar="X",
+                        help="bless only below this eval bits per byte (default: 4.0)")
+    parser.add_argument("--max-perplexity", type=float, metavar="X",
+                        help="bless only below this eval perplexity (default: no bound)")
+    parser.add_argument("--regression-tolerance", type=float, default=0.0, metavar="X",
+                        help="bless a candidate at most this much perplexity worse than the last blessed model "
+                             "(default: 0)")
+    parser.add_argument("--bpb-regression-tolerance", type=float, default=0.0, metavar="X",
+                        help="the same in bits per byte, used when the two models' tokenizers differ (default: 0)")
+    parser.add_argument("--keep-versions", type=int, default=5, metavar="N",
+                        help="pushed versions kept in the serving directory; 0 keeps all (default: 5)")
+    parser.add_argument("--tokenizer", choices=("sentencepiece", "byte"), default="sentencepiece",
+                        help="learned SentencePiece subwords (default) or plain UTF-8 bytes")
+    parser.add_argument("--tokenizer-model", choices=("bpe", "unigram"), default="bpe",
+                        help="SentencePiece algorithm (default: bpe)")
+    parser.add_argument("--vocab-size", type=int, default=2048, metavar="N",
+                        help="SentencePiece vocabulary size incl. 4 reserved ids and 256 byte pieces "
+                             "(default: 2048; reduced, with a warning, when the corpus is too small)")
+    parser.add_argument("--retrain-tokenizer", action="store_true",
+                        help="learn a new tokenizer even if a blessed model exists (default: reuse its tokenizer)")
+
+
+def _config_from_args(args):
+    from pipeline.config import PipelineConfig
+    from trainer_module.config import TokenizerConfig
+
+    tokenizer = TokenizerConfig(kind=args.tokenizer, model_type=args.tokenizer_model, vocab_size=args.vocab_size)
+    return PipelineConfig(preset=args.preset, train_steps=args.train_steps,
+                          eval_fraction=args.eval_fraction, max_bits_per_byte=args.max_bits_per_byte,
+                          max_perplexity=args.max_perplexity, tokenizer=tokenizer,
+                          retrain_tokenizer=args.retrain_tokenizer,
+                          regression_tolerance=args.regression_tolerance,
+                          bpb_regression_tolerance=args.bpb_regression_tolerance,
+                          keep_versions=args.keep_versions)
 
 
 def _cmd_generate(args) -> int:
@@ -152,19 +222,14 @@ def format_summary(summary: dict) -> str:
 def _cmd_run(args) -> int:
     from components.text_corpus import CorpusError
     from pipeline import local_runner
-    from pipeline.config import PipelineConfig
-    from trainer_module.config import ConfigError, TokenizerConfig
+    from trainer_module.config import ConfigError
 
+    if args.command == "retrain" and not _has_spans(args.corpus):
+        print(f"deepseek-tfx: error: retrain needs a corpus laid out in spans ({args.corpus}/span-1/, "
+              f"span-2/, ...); found no span-N directory", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        tokenizer = TokenizerConfig(kind=args.tokenizer, model_type=args.tokenizer_model,
-                                    vocab_size=args.vocab_size)
-        config = PipelineConfig(preset=args.preset, train_steps=args.train_steps,
-                                eval_fraction=args.eval_fraction, max_bits_per_byte=args.max_bits_per_byte,
-                                max_perplexity=args.max_perplexity, tokenizer=tokenizer,
-                                retrain_tokenizer=args.retrain_tokenizer,
-                                regression_tolerance=args.regression_tolerance,
-                                bpb_regression_tolerance=args.bpb_regression_tolerance,
-                                keep_versions=args.keep_versions)
+        config = _config_from_args(args)
         metadata = _metadata(args.metadata, args.output)
     except (ConfigError, ValueError) as e:
         print(f"deepseek-tfx: error: {e}", file=sys.stderr)
@@ -179,6 +244,68 @@ def _cmd_run(args) -> int:
         print(f"deepseek-tfx: pipeline failed: {_root_cause(e)}", file=sys.stderr)
         return EXIT_FAILED
     print(format_summary(summary))
+    return 0
+
+
+def _has_spans(corpus: Optional[str]) -> bool:
+    return bool(corpus) and os.path.isdir(corpus) and any(
+        re.fullmatch(r"span-\d+", name) for name in os.listdir(corpus))
+
+
+def _cmd_compile(args) -> int:
+    from components.tokenizer_consumers import vertex_training_config
+    from pipeline import kubeflow_runner
+    from trainer_module.config import ConfigError
+
+    needs_cloud = args.vertex_training_replicas is not None or args.dataflow
+    if needs_cloud and not (args.project and args.region):
+        print("deepseek-tfx: error: --vertex-training-replicas and --dataflow need --project and --region",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        config = _config_from_args(args)
+        vertex = (vertex_training_config(args.project, args.region, args.image, args.vertex_training_replicas)
+                  if args.vertex_training_replicas is not None else None)
+    except (ConfigError, ValueError) as e:
+        print(f"deepseek-tfx: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    beam = list(args.beam_arg)
+    if args.dataflow:
+        beam = kubeflow_runner.dataflow_beam_args(args.project, args.region,
+                                                  f"{args.pipeline_root.rstrip('/')}/tmp", args.image) + beam
+    path = kubeflow_runner.compile_pipeline(
+        engine=args.engine, image=args.image, pipeline_root=args.pipeline_root, corpus=args.corpus,
+        corpus_pattern=args.corpus_pattern,
+        serving_dir=args.serving_dir or f"{args.pipeline_root.rstrip('/')}/serving_model/{config.model_name}",
+        config=config, output=args.output, beam_args=beam, vertex_training=vertex)
+    print(path)
+    return 0
+
+
+def _cmd_submit(args) -> int:
+    from pipeline import kubeflow_runner
+
+    if not os.path.exists(args.package):
+        print(f"deepseek-tfx: error: no compiled pipeline at {args.package}; run `deepseek-tfx compile` first",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if args.engine == "vertex":
+        missing = [f"--{n.replace('_', '-')}" for n in ("project", "region", "pipeline_root") if not getattr(args, n)]
+        if missing:
+            print(f"deepseek-tfx: error: --engine vertex needs {' '.join(missing)}", file=sys.stderr)
+            return EXIT_USAGE
+        result = kubeflow_runner.submit_vertex(args.package, project=args.project, region=args.region,
+                                               pipeline_root=args.pipeline_root, schedule=args.schedule)
+    else:
+        if not args.host:
+            print("deepseek-tfx: error: --engine kubeflow needs --host", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            result = kubeflow_runner.submit_kubeflow(args.package, host=args.host, schedule=args.schedule)
+        except RuntimeError as e:
+            print(f"deepseek-tfx: error: {e}", file=sys.stderr)
+            return EXIT_FAILED
+    print(f"{'scheduled' if args.schedule else 'submitted'}: {getattr(result, 'resource_name', result)}")
     return 0
 
 
@@ -206,6 +333,9 @@ def _cmd_lineage(args) -> int:
     if pushed is None:
         print("deepseek-tfx: error: no pushed model in ML Metadata yet", file=sys.stderr)
         return EXIT_USAGE
+    for row in report.pushed_versions(store):
+        print(f"version {row['version']}: trained on span {row['span']} ({row['examples_uri']}) -> {row['path']}")
+    print()
     print("\n".join(report.lineage_lines(store, pushed)))
     return 0
 

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import tensorflow_model_analysis as tfma
 from ml_metadata.proto import metadata_store_pb2
 from tfx import v1 as tfx
+from tfx.dsl.input_resolution.strategies.latest_blessed_model_strategy import LatestBlessedModelStrategy
 
 from components.model_gate import AtomicPusher, TokenizerAwareEvaluator
 from components.baseline_resolver import (
@@ -23,7 +24,7 @@ from components.baseline_resolver import (
     WarmStartModelStrategy,
 )
 from components.text_example_gen import TextExampleGen
-from components.tokenizer_consumers import TokenizingTrainer, TokenizingTransform
+from components.tokenizer_consumers import TokenizingTrainer, TokenizingTransform, VertexTokenizingTrainer
 from components.tokenizer_gen import Tokenizer, TokenizerGen
 from pipeline.config import PipelineConfig
 
@@ -72,6 +73,8 @@ def create_pipeline(
     metadata_connection_config: Optional[metadata_store_pb2.ConnectionConfig] = None,
     beam_pipeline_args: Sequence[str] = (),
     enable_cache: bool = True,
+    portable_resolvers: bool = False,
+    vertex_training: Optional[dict] = None,
 ) -> tfx.dsl.Pipeline:
     """Wires the components of the text-to-served-model pipeline.
 
@@ -86,6 +89,15 @@ def create_pipeline(
         metadata_connection_config: MLMD connection (None: the orchestrator's default).
         beam_pipeline_args: options for every Beam-based component.
         enable_cache: reuse outputs of executions with identical inputs.
+        portable_resolvers: use only resolver strategies that compile for Kubeflow
+            Pipelines V2 / Vertex AI (TFX's LatestBlessedModelStrategy): the baseline
+            and the warm-start model are the latest blessed model, and TokenizerGen
+            learns its tokenizer every run (deterministically: unchanged data gives
+            the same tokenizer, so warm starts still apply). Locally the MLMD-aware
+            strategies of components.baseline_resolver keep reruns fully cached.
+        vertex_training: run the Trainer as a Vertex AI custom job
+            (components.tokenizer_consumers.vertex_training_config) instead of in
+            the pipeline step; None trains in the step.
     """
     example_gen = TextExampleGen(
         input_base=corpus_base,
@@ -100,7 +112,7 @@ def create_pipeline(
     example_validator = tfx.components.ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"])
     tokenizer_resolver = None
-    if not config.retrain_tokenizer:  # reuse the blessed model's tokenizer, so warm starts stay valid
+    if not config.retrain_tokenizer and not portable_resolvers:  # reuse the blessed model's tokenizer, so warm starts stay valid
         tokenizer_resolver = tfx.dsl.Resolver(
             strategy_class=BlessedModelTokenizerStrategy,
             model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
@@ -119,13 +131,14 @@ def create_pipeline(
     ).with_id("Transform")
     warm_start_resolver = None
     if config.warm_start:
+        inputs = {} if portable_resolvers else {"examples": transform.outputs["transformed_examples"]}
         warm_start_resolver = tfx.dsl.Resolver(
-            strategy_class=WarmStartModelStrategy,
+            strategy_class=LatestBlessedModelStrategy if portable_resolvers else WarmStartModelStrategy,
             model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
             model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
-            examples=transform.outputs["transformed_examples"],
+            **inputs,
         ).with_id("warm_start_model_resolver")
-    trainer = TokenizingTrainer(
+    trainer = (VertexTokenizingTrainer if vertex_training else TokenizingTrainer)(
         run_fn=RUN_FN,
         base_model=warm_start_resolver.outputs["model"] if warm_start_resolver else None,
         examples=transform.outputs["transformed_examples"],
@@ -134,13 +147,13 @@ def create_pipeline(
         tokenizer=tokenizer_gen.outputs["tokenizer"],
         train_args=tfx.proto.TrainArgs(num_steps=config.resolved_train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=0),
-        custom_config=config.trainer_custom_config(),
+        custom_config={**config.trainer_custom_config(), **(vertex_training or {})},
     ).with_id("Trainer")
     model_resolver = tfx.dsl.Resolver(
-        strategy_class=LatestBlessedBaselineStrategy,
+        strategy_class=LatestBlessedModelStrategy if portable_resolvers else LatestBlessedBaselineStrategy,
         model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
         model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
-        candidate=trainer.outputs["model"],
+        **({} if portable_resolvers else {"candidate": trainer.outputs["model"]}),
     ).with_id("latest_blessed_model_resolver")
     evaluator = TokenizerAwareEvaluator(
         examples=example_gen.outputs["examples"],

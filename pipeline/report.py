@@ -199,3 +199,33 @@ def lineage_lines(store, artifact, max_depth: int = 8) -> list[str]:
 
     walk(artifact, 0, "")
     return lines
+
+
+def _upstream(store, artifact_id: int):
+    """Artifacts upstream of ``artifact_id`` (through the executions that made them), nearest first."""
+    seen, frontier = {artifact_id}, [artifact_id]
+    while frontier:
+        current, frontier = frontier, []
+        for art_id in current:
+            execution = _producer(store, art_id)
+            if execution is None:
+                continue
+            for arts in execution_artifacts(store, execution.id, outputs=False).values():
+                for a in arts:
+                    if a.id not in seen:
+                        seen.add(a.id)
+                        frontier.append(a.id)
+                        yield a
+
+
+def pushed_versions(store) -> list[dict]:
+    """Every model really pushed, oldest first: version, path, and the corpus span it was trained on."""
+    rows = []
+    for pushed in sorted(store.get_artifacts_by_type("PushedModel"), key=lambda a: a.id):
+        if not prop(pushed, "pushed", 0):
+            continue
+        examples = next((a for a in _upstream(store, pushed.id) if prop(a, "corpus_documents") is not None), None)
+        rows.append({"version": prop(pushed, "pushed_version"), "path": prop(pushed, "pushed_destination"),
+                     "span": prop(examples, "span") if examples is not None else None,
+                     "examples_uri": examples.uri if examples is not None else None, "artifact_id": pushed.id})
+    return rows

@@ -43,6 +43,10 @@ COMPONENTS = ["TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator"
               "latest_blessed_model_resolver", "Evaluator", "Pusher"]
 RESOLVERS = ("blessed_model_tokenizer_resolver", "warm_start_model_resolver", "latest_blessed_model_resolver")
 SLICE_BYTES = 200_000
+# Multi-processing Beam workers, as for large corpora, so the tf.text ops run in worker processes here
+# (a corpus this small would otherwise run in memory). Every run uses the same options: they are part of
+# the executors' specs, so changing them would defeat the cache.
+BEAM = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 CONFIG = PipelineConfig(preset="tiny", train_steps=60, max_bits_per_byte=6.0,
                         tokenizer=TokenizerConfig(vocab_size=512))
 
@@ -57,13 +61,13 @@ def first_run(tmp_path_factory, shakespeare):
     (corpus / "cover.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     output = root / "out"
     unreachable = local_runner.run(output=str(output), config=CONFIG.replace(max_bits_per_byte=1.0),
-                                   corpus=str(corpus))
+                                   corpus=str(corpus), beam_args=BEAM)
     store = report.open_store(local_runner.sqlite_connection(str(output / "metadata.sqlite")))
     run0 = {"summary": unreachable, "executions": collections.Counter(_executions(store)),
             "evaluation": report.latest_outputs(store, PIPELINE_NAME, "Evaluator")["evaluation"][0],
             "serving": sorted(os.listdir(output / "serving_model" / "deepseek"))
             if (output / "serving_model" / "deepseek").exists() else []}
-    summary = local_runner.run(output=str(output), config=CONFIG, corpus=str(corpus))
+    summary = local_runner.run(output=str(output), config=CONFIG, corpus=str(corpus), beam_args=BEAM)
     return {"output": output, "corpus": corpus, "summary": summary, "store": store, "run0": run0}
 
 
@@ -154,7 +158,9 @@ def test_lineage_reaches_the_examples_and_the_corpus(first_run, capsys):
 
     assert cli.main(["lineage", "--output", str(first_run["output"])]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("PushedModel")
+    version = first_run["summary"]["pushed_version"]
+    assert printed.startswith(f"version {version}: trained on span 0 (")
+    assert "\nPushedModel #" in printed
     for needle in ("<- model_blessing: ModelBlessing", "(blessed=1)", "<- transform_graph: TransformGraph",
                    "span=0", f"<- corpus: {first_run['corpus']}/*"):
         assert needle in printed
@@ -189,7 +195,7 @@ def test_second_run_reexecutes_nothing(first_run):
     store = first_run["store"]
     before = collections.Counter(_executions(store))
     versions = sorted(os.listdir(first_run["output"] / "serving_model" / "deepseek"))
-    local_runner.run(output=str(first_run["output"]), config=CONFIG, corpus=str(first_run["corpus"]))
+    local_runner.run(output=str(first_run["output"]), config=CONFIG, corpus=str(first_run["corpus"]), beam_args=BEAM)
     new = collections.Counter(_executions(store)) - before
     assert new == collections.Counter(
         {(node, "CACHED"): 1 for node in COMPONENTS if node not in RESOLVERS}
@@ -296,7 +302,7 @@ def test_worse_candidate_is_not_blessed_and_not_pushed(first_run):
     serving = first_run["output"] / "serving_model" / "deepseek"
     versions = sorted(os.listdir(serving))
     worse = local_runner.run(output=str(first_run["output"]), config=CONFIG.replace(train_steps=1),
-                             corpus=str(first_run["corpus"]))
+                             corpus=str(first_run["corpus"]), beam_args=BEAM)
     evaluation = report.latest_outputs(store, PIPELINE_NAME, "Evaluator")["evaluation"][0]
     assert worse["blessed"] is False and "pushed_model_path" not in worse
     assert worse["eval_perplexity"] > blessed["eval_perplexity"]

@@ -96,7 +96,9 @@ def test_executor_learns_from_a_capped_sample_and_can_carry_over(tmp_path, shake
     props = dict(kind="sentencepiece", model_type="bpe", vocab_size=700, max_sentences=2000, seed=1)
     executor = Executor(Executor.Context(tmp_dir=str(tmp_path / "tmp"), unique_id="1"))
     executor.Do({"examples": [examples]}, {"tokenizer": [out]}, props)
-    assert (out.vocab_size, out.sample_size, out.span, out.tokenizer_type) == (700, 2000, 3, "bpe")
+    assert (out.get_int_custom_property("vocab_size"), out.get_int_custom_property("sample_size"),
+            out.get_int_custom_property("span"), out.get_string_custom_property("tokenizer_type")) == \
+        (700, 2000, 3, "bpe")
     assert json.loads((tmp_path / "tok" / INFO_FILE).read_text())["vocab_size"] == 700
     assert load_tokenizer(out.uri).vocab_size == 700
     assert len((tmp_path / "tok" / "tokenizer.vocab").read_text().splitlines()) == 700
@@ -111,3 +113,4 @@ def test_executor_learns_from_a_capped_sample_and_can_carry_over(tmp_path, shake
     executor.Do({"examples": [examples], "base_tokenizer": [out]}, {"tokenizer": [carried]}, props)
     assert (tmp_path / "tok3" / "tokenizer.model").read_bytes() == (tmp_path / "tok" / "tokenizer.model").read_bytes()
     assert carried.get_int_custom_property("reused_from_artifact_id") == out.id
+    assert carried.get_int_custom_property("vocab_size") == 700

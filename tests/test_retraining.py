@@ -1,0 +1,107 @@
+"""Retraining on new spans through `deepseek-tfx retrain`, checked through ML Metadata.
+
+span 1 -> version 1 pushed; span 2 -> the blessed tokenizer reused, warm-started from version 1, compared with
+it, pushed as version 2; the same command again -> nothing re-executes; a new tokenizer with a one-step model ->
+compared on bits per byte and refused; a garbage span 3 -> refused, version 2 stays served; `lineage` names
+the span of each pushed version.
+"""
+
+import collections
+import os
+import random
+
+import pytest
+import tensorflow_model_analysis as tfma
+from ml_metadata.proto import metadata_store_pb2
+
+from pipeline import cli, local_runner, report
+from pipeline.config import PIPELINE_NAME
+
+pytestmark = pytest.mark.slow
+
+OPTIONS = ["--preset", "tiny", "--train-steps", "20", "--vocab-size", "400", "--max-bits-per-byte", "6.0"]
+
+
+def _retrain(corpus, output, *extra):
+    assert cli.main(["retrain", "--corpus", str(corpus), "--output", str(output), *OPTIONS, *extra]) == 0
+    store = report.open_store(local_runner.sqlite_connection(str(output / "metadata.sqlite")))
+    return store, report.run_summary(store, PIPELINE_NAME)
+
+
+def _latest(store, node, key):
+    return report.latest_outputs(store, PIPELINE_NAME, node)[key][0]
+
+
+def _states(store):
+    found = collections.Counter()
+    for context in store.get_contexts_by_type("node"):
+        if context.name.startswith(f"{PIPELINE_NAME}."):
+            for e in store.get_executions_by_context(context.id):
+                found[(context.name.split(".", 1)[1], e.last_known_state, e.id)] += 1
+    return found
+
+
+def _failed(evaluation_uri):
+    return {(f.metric_key.name, f.metric_threshold.HasField("change_threshold"))
+            for s in tfma.load_validation_result(evaluation_uri).metric_validations_per_slice for f in s.failures}
+
+
+def test_retrain_on_new_spans(tmp_path, shakespeare, capsys):
+    text = shakespeare.read_bytes()
+    corpus, output = tmp_path / "corpus", tmp_path / "out"
+    serving = output / "serving_model" / "deepseek"
+    (corpus / "span-1").mkdir(parents=True)
+    (corpus / "span-1" / "part.txt").write_bytes(text[:80_000])
+
+    store, first = _retrain(corpus, output)
+    learned = _latest(store, "TokenizerGen", "tokenizer")
+    assert first["span"] == 1 and first["blessed"] and first["warm_start"] == "no base model"
+    assert "reused_from_artifact_id" not in learned.custom_properties
+    v1 = first["pushed_version"]
+    v1_model = _latest(store, "Trainer", "model")
+
+    (corpus / "span-2").mkdir()
+    (corpus / "span-2" / "part.txt").write_bytes(text[80_000:160_000])
+    store, second = _retrain(corpus, output)
+    reused = _latest(store, "TokenizerGen", "tokenizer")
+    assert second["span"] == 2 and report.prop(reused, "span") == 2
+    assert report.prop(reused, "reused_from_artifact_id") == learned.id
+    assert second["warm_start"] == f"warm-started from {v1_model.uri}/Format-Serving"
+    assert report.prop(_latest(store, "Evaluator", "evaluation"), "compared_by") == "Perplexity"
+    assert second["blessed"] and int(second["pushed_version"]) > int(v1)
+    assert sorted(os.listdir(serving)) == sorted([v1, second["pushed_version"]])
+    v2 = second["pushed_version"]
+
+    before = _states(store)
+    store, _ = _retrain(corpus, output)  # no new span
+    new = {(node, state) for node, state, _ in _states(store) - before}
+    assert {node for node, state in new if state != metadata_store_pb2.Execution.CACHED} <= \
+        {"blessed_model_tokenizer_resolver", "warm_start_model_resolver", "latest_blessed_model_resolver"}
+    assert sorted(os.listdir(serving)) == sorted([v1, v2])
+
+    # A new tokenizer and a worse (one-step) model: perplexities over different vocabularies are not
+    # comparable, so the gate compares bits per byte with the blessed model, and refuses it.
+    store, retrained = _retrain(corpus, output, "--retrain-tokenizer", "--train-steps", "1")
+    assert "reused_from_artifact_id" not in _latest(store, "TokenizerGen", "tokenizer").custom_properties
+    assert retrained["warm_start"] == "not warm-started: the base model was trained with a different tokenizer"
+    evaluation = _latest(store, "Evaluator", "evaluation")
+    assert report.prop(evaluation, "compared_by") == "BitsPerByte"
+    assert retrained["blessed"] is False and _failed(evaluation.uri) == {("bits_per_byte", True)}
+    assert sorted(os.listdir(serving)) == sorted([v1, v2])
+
+    # Garbage: uniformly random printable characters carry log2(95) = 6.6 bits per character, above the bound.
+    rng = random.Random(0)
+    alphabet = [chr(c) for c in range(32, 127)]
+    garbage = "\n\n".join("".join(rng.choice(alphabet) for _ in range(300)) for _ in range(260))
+    (corpus / "span-3").mkdir()
+    (corpus / "span-3" / "part.txt").write_text(garbage)
+    store, third = _retrain(corpus, output)
+    assert third["span"] == 3 and third["blessed"] is False and "pushed_model_path" not in third
+    assert third["eval_bits_per_byte"] > 6.0
+    assert sorted(os.listdir(serving)) == sorted([v1, v2])
+
+    capsys.readouterr()
+    assert cli.main(["lineage", "--output", str(output)]) == 0
+    printed = capsys.readouterr().out
+    assert f"version {v1}: trained on span 1 " in printed and f"version {v2}: trained on span 2 " in printed
+    assert "span 3" not in printed
