@@ -1,6 +1,6 @@
 """Generation speed of the exported ``generate`` signature, beside a no-cache re-forward baseline.
 
-    python bench/generate_bench.py [--preset small] [--context-len 512] [--repeats 3]
+    python bench/generate_bench.py [--preset small] [--context-len 512] [--repeats 9]
 
 Builds the preset with random weights and the byte tokenizer (speed does not
 depend on the weights), exports it with the real export code (the tokenizer
@@ -66,7 +66,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small")
     parser.add_argument("--context-len", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
 
     tokenizer = ByteTokenizer()

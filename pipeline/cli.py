@@ -35,11 +35,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
                      help=f"output directory (default: {DEFAULT_OUTPUT})")
     _add_config_args(run)
-    run.add_argument("--beam-arg", action="append", default=[], metavar="ARG",
-                     help="extra Beam pipeline option, repeatable, e.g. --beam-arg=--runner=DataflowRunner")
-    run.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
-                     help="ML Metadata store: OUTPUT/metadata.sqlite, or MySQL from "
-                          "DEEPSEEK_TFX_MYSQL_{HOST,PORT,DATABASE,USER,PASSWORD}")
+    _add_local_args(run)
     run.set_defaults(func=_cmd_run)
 
     retrain = sub.add_parser(
@@ -52,8 +48,7 @@ def _build_parser() -> argparse.ArgumentParser:
     retrain.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
                          help=f"output directory, the same for every retraining (default: {DEFAULT_OUTPUT})")
     _add_config_args(retrain)
-    retrain.add_argument("--beam-arg", action="append", default=[], metavar="ARG", help="as for run")
-    retrain.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite", help="as for run")
+    _add_local_args(retrain)
     retrain.set_defaults(func=_cmd_run)
 
     compile_ = sub.add_parser(
@@ -147,6 +142,15 @@ def _add_config_args(parser) -> None:
                              "(default: 2048; reduced, with a warning, when the corpus is too small)")
     parser.add_argument("--retrain-tokenizer", action="store_true",
                         help="learn a new tokenizer even if a blessed model exists (default: reuse its tokenizer)")
+
+
+def _add_local_args(parser) -> None:
+    """Beam and ML Metadata options shared by run and retrain."""
+    parser.add_argument("--beam-arg", action="append", default=[], metavar="ARG",
+                        help="extra Beam pipeline option, repeatable, e.g. --beam-arg=--runner=DataflowRunner")
+    parser.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
+                        help="ML Metadata store: OUTPUT/metadata.sqlite, or MySQL from "
+                             "DEEPSEEK_TFX_MYSQL_{HOST,PORT,DATABASE,USER,PASSWORD}")
 
 
 def _config_from_args(args):

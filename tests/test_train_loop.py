@@ -31,16 +31,19 @@ def _first(ds):
     return next(iter(ds))
 
 
-def test_gradient_accumulation_equals_one_big_batch():
+def _assert_same_loss_and_gradients(reference, other, rtol):
+    """Gives ``other`` the weights of ``reference``; both compute loss and gradients on one batch."""
     x, y = _first(_data())
-    whole = _loop()
-    accumulated = _loop(STEP.replace(grad_accum_steps=2))
-    accumulated.model.set_weights(whole.model.get_weights())
-    loss_a, grads_a = whole._accumulated_gradients(x, y)
-    loss_b, grads_b = accumulated._accumulated_gradients(x, y)
-    assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-5)
+    other.model.set_weights(reference.model.get_weights())
+    loss_a, grads_a = reference._accumulated_gradients(x, y)
+    loss_b, grads_b = other._accumulated_gradients(x, y)
+    assert float(loss_a) == pytest.approx(float(loss_b), rel=rtol)
     for a, b in zip(grads_a, grads_b):
-        np.testing.assert_allclose(tf.convert_to_tensor(a), tf.convert_to_tensor(b), atol=1e-6, rtol=1e-4)
+        np.testing.assert_allclose(tf.convert_to_tensor(a), tf.convert_to_tensor(b), atol=1e-6, rtol=rtol)
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    _assert_same_loss_and_gradients(_loop(), _loop(STEP.replace(grad_accum_steps=2)), rtol=1e-4)
 
 
 def test_accumulation_must_divide_the_batch():
@@ -49,14 +52,7 @@ def test_accumulation_must_divide_the_batch():
 
 
 def test_recomputed_attention_gives_the_same_gradients():
-    x, y = _first(_data())
-    plain, recomputed = _loop(), _loop(recompute=True)
-    recomputed.model.set_weights(plain.model.get_weights())
-    loss_a, grads_a = plain._accumulated_gradients(x, y)
-    loss_b, grads_b = recomputed._accumulated_gradients(x, y)
-    assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-6)
-    for a, b in zip(grads_a, grads_b):
-        np.testing.assert_allclose(tf.convert_to_tensor(a), tf.convert_to_tensor(b), atol=1e-6, rtol=1e-5)
+    _assert_same_loss_and_gradients(_loop(), _loop(recompute=True), rtol=1e-5)
 
 
 def test_xla_compiled_step_matches_on_the_dense_model():
