@@ -25,6 +25,12 @@ MODEL_KEY = "model"
 BLESSING_KEY = "model_blessing"
 
 
+def _latest_blessed(models, blessings) -> Dict[str, List[types.Artifact]]:
+    """{model, model_blessing}: TFX's own selection rule (latest blessed by id) over these artifacts."""
+    return LatestBlessedModelStrategy()._resolve(  # noqa: SLF001
+        {MODEL_KEY: list(models), BLESSING_KEY: list(blessings)}, MODEL_KEY, BLESSING_KEY)
+
+
 class LatestBlessedBaselineStrategy(resolver.ResolverStrategy):
     """Resolves {model, model_blessing}: the latest blessed Model not among ``candidate``.
 
@@ -39,9 +45,7 @@ class LatestBlessedBaselineStrategy(resolver.ResolverStrategy):
         blessings = list(input_dict.get(BLESSING_KEY, []))
         result = {MODEL_KEY: [], BLESSING_KEY: []}
         if models and blessings:
-            # Reuse TFX's selection rule (latest blessed by id) on the filtered models.
-            result = LatestBlessedModelStrategy()._resolve(  # noqa: SLF001
-                {MODEL_KEY: models, BLESSING_KEY: blessings}, MODEL_KEY, BLESSING_KEY)
+            result = _latest_blessed(models, blessings)
         result[CANDIDATE_KEY] = list(input_dict.get(CANDIDATE_KEY, []))
         return result
 
@@ -84,8 +88,7 @@ class BlessedModelTokenizerStrategy(resolver.ResolverStrategy):
                   EXAMPLES_KEY: list(input_dict.get(EXAMPLES_KEY, []))}
         if not (models and blessings):
             return result
-        result.update(LatestBlessedModelStrategy()._resolve(  # noqa: SLF001
-            {MODEL_KEY: list(models), BLESSING_KEY: list(blessings)}, MODEL_KEY, BLESSING_KEY))
+        result.update(_latest_blessed(models, blessings))
         blessed = result[MODEL_KEY]
         trainer = _producer_id(store, blessed[0].id) if blessed else None
         used = _input_ids(store, trainer, TOKENIZER_KEY) if trainer is not None else []
@@ -120,8 +123,7 @@ class WarmStartModelStrategy(resolver.ResolverStrategy):
         result = {MODEL_KEY: [], BLESSING_KEY: [], EXAMPLES_KEY: list(input_dict.get(EXAMPLES_KEY, []))}
         if not (models and blessings):
             return result
-        latest = LatestBlessedModelStrategy()._resolve(  # noqa: SLF001
-            {MODEL_KEY: list(models), BLESSING_KEY: list(blessings)}, MODEL_KEY, BLESSING_KEY)
+        latest = _latest_blessed(models, blessings)
         if not latest[MODEL_KEY]:
             return result
         trainer = _producer_id(store, latest[MODEL_KEY][0].id)

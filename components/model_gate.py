@@ -36,7 +36,8 @@ from tfx.proto import pusher_pb2
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import io_utils, path_utils, proto_utils
 
-CONFIG_FILE = os.path.join("assets.extra", "deepseek_config.json")
+from trainer_module.export import read_export_config
+
 COMPARED_BY = "compared_by"
 PERPLEXITY, BITS_PER_BYTE = "Perplexity", "BitsPerByte"
 KEEP_VERSIONS = "keep_versions"
@@ -49,11 +50,8 @@ class GateError(RuntimeError):
 
 def tokenizer_fingerprint(model_artifact) -> Optional[str]:
     """The fingerprint an exported model recorded for its tokenizer (None for older exports)."""
-    path = os.path.join(path_utils.serving_model_path(model_artifact.uri), CONFIG_FILE)
-    if not fileio.exists(path):
-        return None
-    with fileio.open(path) as f:
-        return json.load(f).get("tokenizer_fingerprint")
+    config = read_export_config(path_utils.serving_model_path(model_artifact.uri))
+    return config.get("tokenizer_fingerprint") if config else None
 
 
 def comparison_metric(candidate, baseline) -> Optional[str]:

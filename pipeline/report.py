@@ -227,5 +227,5 @@ def pushed_versions(store) -> list[dict]:
         examples = next((a for a in _upstream(store, pushed.id) if prop(a, "corpus_documents") is not None), None)
         rows.append({"version": prop(pushed, "pushed_version"), "path": prop(pushed, "pushed_destination"),
                      "span": prop(examples, "span") if examples is not None else None,
-                     "examples_uri": examples.uri if examples is not None else None, "artifact_id": pushed.id})
+                     "examples_uri": examples.uri if examples is not None else None})
     return rows

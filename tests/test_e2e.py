@@ -32,6 +32,7 @@ from pipeline import cli, local_runner, report
 from pipeline.config import PIPELINE_NAME, PipelineConfig
 from serving import client
 from trainer_module.config import ModelConfig, TokenizerConfig
+from trainer_module import export
 from trainer_module.model import DeepSeekLM
 from trainer_module.tokenizer import EOS_ID, MODEL_FILE
 
@@ -258,8 +259,7 @@ def test_real_tensorflow_model_server_answers_rest_and_grpc(first_run):
 
 def _numpy_metrics(pushed_dir, tokenizer_dir, eval_examples_dir):
     """Perplexity and bits per byte over the eval split: sentencepiece ids, model logits, NumPy NLL."""
-    with open(os.path.join(pushed_dir, "assets.extra", "deepseek_config.json")) as f:
-        config = ModelConfig.from_dict(json.load(f)["model"])
+    config = ModelConfig.from_dict(export.read_export_config(pushed_dir)["model"])
     model = DeepSeekLM(config)
     model(tf.zeros([1, 8], tf.int64))
     model.set_weights([v.numpy() for v in tf.saved_model.load(pushed_dir).model_variables])

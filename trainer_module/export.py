@@ -203,6 +203,15 @@ class LanguageModelModule(tf.Module):
         return logits[:, -1, :], caches, valid
 
 
+def read_export_config(export_dir: str) -> dict | None:
+    """The ``assets.extra/deepseek_config.json`` an export wrote (None when it is missing)."""
+    path = os.path.join(export_dir, "assets.extra", CONFIG_FILE)
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
+
+
 def export_serving_model(model: DeepSeekLM, tf_transform_output, tokenizer, export_dir: str,
                          extra_config: dict | None = None, max_new_tokens_limit: int = 512) -> None:
     """Writes the SavedModel with the signatures listed in this module's docstring."""
