@@ -73,8 +73,8 @@ class BlessedModelTokenizerStrategy(resolver.ResolverStrategy):
     """Resolves {tokenizer}: the tokenizer the latest blessed model was trained with, for reuse.
 
     Inputs: ``model`` and ``model_blessing`` (all), ``tokenizer`` (all Tokenizers) and
-    ``examples`` (this run's ExampleGen output). To keep reruns cached, when the
-    blessed model's tokenizer was itself made from these same examples, the
+    ``examples`` (this run's examples: the newest span, or the span window). To keep
+    reruns cached, when the blessed model's tokenizer was itself made from exactly these examples, the
     result is what that TokenizerGen execution was given (so its inputs repeat).
     """
 
@@ -95,7 +95,7 @@ class BlessedModelTokenizerStrategy(resolver.ResolverStrategy):
         if not used or used[0] not in tokenizers:
             return result
         generator = _producer_id(store, used[0])
-        if generator is not None and current & set(_input_ids(store, generator, EXAMPLES_KEY)):
+        if generator is not None and current == set(_input_ids(store, generator, EXAMPLES_KEY)):
             result[TOKENIZER_KEY] = [tokenizers[i] for i in _input_ids(store, generator, "base_tokenizer")
                                      if i in tokenizers]
         else:
@@ -111,7 +111,7 @@ class WarmStartModelStrategy(resolver.ResolverStrategy):
 
     Inputs: ``model`` and ``model_blessing`` (all) and ``examples`` (the examples the
     Trainer is about to train on). When the latest blessed model was itself trained
-    on these same examples (a rerun with no new data), the result is the base model
+    on exactly these examples (a rerun with no new data), the result is the base model
     *that* training had, so the Trainer's inputs repeat and it stays cached instead
     of training again on top of its own output.
     """
@@ -127,7 +127,7 @@ class WarmStartModelStrategy(resolver.ResolverStrategy):
         if not latest[MODEL_KEY]:
             return result
         trainer = _producer_id(store, latest[MODEL_KEY][0].id)
-        if trainer is not None and current & set(_input_ids(store, trainer, EXAMPLES_KEY)):
+        if trainer is not None and current == set(_input_ids(store, trainer, EXAMPLES_KEY)):
             by_id = {m.id: m for m in models}
             result[MODEL_KEY] = [by_id[i] for i in _input_ids(store, trainer, BASE_MODEL_KEY) if i in by_id]
         else:

@@ -113,11 +113,12 @@ class Executor(base_beam_executor.BaseBeamExecutor):
     """Samples the train split with Beam, then trains (or carries over) the tokenizer."""
 
     def Do(self, input_dict, output_dict, exec_properties) -> None:  # noqa: N802
-        examples = artifact_utils.get_single_instance(input_dict["examples"])
+        examples = list(input_dict["examples"])  # one per span of the window (retrain --last-spans)
         tokenizer = artifact_utils.get_single_instance(output_dict["tokenizer"])
-        # ExampleGen records the span as a custom property.
+        # ExampleGen records the span as a custom property; the tokenizer carries the newest.
         tokenizer.set_int_custom_property(
-            "span", examples.get_int_custom_property("span") if examples.has_custom_property("span") else 0)
+            "span", max(e.get_int_custom_property("span") if e.has_custom_property("span") else 0
+                        for e in examples))
         base = input_dict.get("base_tokenizer") or []
         if base:
             self._carry_over(base[0], tokenizer)
@@ -130,10 +131,11 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             self._write(tokenizer, {"type": "byte", "vocab_size": ByteTokenizer.vocab_size}, sample_size=0)
             return
         sample_path = os.path.join(self._get_tmp_dir(), "sample.json")
-        pattern = os.path.join(artifact_utils.get_split_uri([examples], "train"), "*")
+        patterns = [os.path.join(uri, "*") for uri in artifact_utils.get_split_uris(examples, "train")]
         with self._make_beam_pipeline() as pipeline:
             _ = (pipeline
-                 | "ReadTrainSplit" >> beam.io.ReadFromTFRecord(pattern)
+                 | "TrainSplitPatterns" >> beam.Create(patterns)
+                 | "ReadTrainSplits" >> beam.io.ReadAllFromTFRecord()
                  | "Lines" >> beam.FlatMap(_document_lines)
                  | "Sample" >> beam.combiners.Top.Of(config.max_sentences, key=_sample_key(config.seed),
                                                      reverse=True)
@@ -198,7 +200,7 @@ class TokenizerGen(base_beam_component.BaseBeamComponent):
     """Learns a SentencePiece (or byte) tokenizer from the ``train`` split of ``examples``.
 
     Args:
-        examples: ExampleGen's output; only its train split is read.
+        examples: ExampleGen's output (one artifact per span of the window); only the train splits are read.
         config: what to learn (kind, model type, vocabulary size, sample cap, seed).
         base_tokenizer: optional channel with a tokenizer to carry over instead of learning one.
     """

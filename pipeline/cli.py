@@ -47,6 +47,10 @@ def _build_parser() -> argparse.ArgumentParser:
     retrain.add_argument("--corpus", required=True, metavar="DIR", help="directory holding span-1/, span-2/, ...")
     retrain.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
                          help=f"output directory, the same for every retraining (default: {DEFAULT_OUTPUT})")
+    retrain.add_argument("--last-spans", type=int, default=1, metavar="N",
+                         help="learn the tokenizer, train and evaluate on the spans numbered latest-N+1 .. latest "
+                              "(spans no run has read yet are read first); validation checks the newest span "
+                              "(default: 1, the newest span only)")
     _add_config_args(retrain)
     _add_local_args(retrain)
     retrain.set_defaults(func=_cmd_run)
@@ -164,7 +168,7 @@ def _config_from_args(args):
                           retrain_tokenizer=args.retrain_tokenizer,
                           regression_tolerance=args.regression_tolerance,
                           bpb_regression_tolerance=args.bpb_regression_tolerance,
-                          keep_versions=args.keep_versions)
+                          keep_versions=args.keep_versions, last_spans=getattr(args, "last_spans", 1))
 
 
 def _cmd_generate(args) -> int:
@@ -193,6 +197,14 @@ def _metadata(kind: str, output: str):
     return local_runner.sqlite_connection(local_runner.Layout(os.path.abspath(output)).metadata_path)
 
 
+def _spans(spans) -> str:
+    """'span 3' or 'spans 2, 3'."""
+    spans = list(spans or [])
+    if len(spans) == 1:
+        return f"span {spans[0]}"
+    return f"spans {', '.join(map(str, spans))}" if spans else "span n/a"
+
+
 def format_summary(summary: dict) -> str:
     def num(key, fmt="{:,}"):
         value = summary.get(key)
@@ -201,7 +213,7 @@ def format_summary(summary: dict) -> str:
     lines = [
         "",
         "deepseek-tfx run summary",
-        f"  corpus:        {summary.get('corpus')} (span {num('span')})",
+        f"  corpus:        {summary.get('corpus')} ({_spans(summary.get('spans') or [summary[k] for k in ('span',) if summary.get(k) is not None])})",
         f"  read:          {num('documents')} documents, {num('bytes')} bytes from {num('files')} file(s)"
         f"; {num('replaced_invalid_utf8')} invalid UTF-8 sequence(s) replaced",
         f"  tokens:        {num('corpus_tokens')} in the corpus; trained on {num('train_tokens')}",
@@ -315,8 +327,11 @@ def _cmd_submit(args) -> int:
 
 def _root_cause(error: BaseException) -> str:
     """The innermost error message, with CorpusError messages found even inside Beam's text."""
-    while error.__cause__ is not None or error.__context__ is not None:
-        error = error.__cause__ or error.__context__
+    while True:  # `raise ... from None` hides the context: stop there, as Python's own traceback does
+        inner = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+        if inner is None:
+            break
+        error = inner
     text = str(error)
     for line in reversed(text.splitlines()):
         if "CorpusError:" in line:
@@ -338,7 +353,8 @@ def _cmd_lineage(args) -> int:
         print("deepseek-tfx: error: no pushed model in ML Metadata yet", file=sys.stderr)
         return EXIT_USAGE
     for row in report.pushed_versions(store):
-        print(f"version {row['version']}: trained on span {row['span']} ({row['examples_uri']}) -> {row['path']}")
+        print(f"version {row['version']}: trained on {_spans(row['spans'])} ({', '.join(row['examples_uris'])})"
+              f" -> {row['path']}")
     print()
     print("\n".join(report.lineage_lines(store, pushed)))
     return 0

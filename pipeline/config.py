@@ -43,6 +43,9 @@ class PipelineConfig:
     """Learn a new tokenizer even when a blessed model exists (default: reuse the blessed model's)."""
     warm_start: bool = True
     """Start training from the latest blessed model's weights when it is compatible."""
+    last_spans: int = 1
+    """Train, learn the tokenizer and evaluate on the last this-many spans (1: the newest span only).
+    Local runs only: the span-window resolver does not compile for Kubeflow / Vertex."""
 
     def __post_init__(self):
         name = type(self).__name__
@@ -63,6 +66,7 @@ class PipelineConfig:
                  f"must be >= 0, got {self.bpb_regression_tolerance}")
         require_field(self.keep_versions >= 0, name, "keep_versions",
                  f"must be >= 0 (0 keeps all), got {self.keep_versions}")
+        require_field(self.last_spans >= 1, name, "last_spans", f"must be >= 1, got {self.last_spans}")
         require_field(bool(self.model_name) and "/" not in self.model_name, name, "model_name",
                  f"must be a non-empty directory name, got {self.model_name!r}")
 

@@ -42,6 +42,14 @@ def resolve(corpus: str) -> tuple[str, str]:
     return base, "/".join(parts[fixed:])
 
 
+def span_numbers(base: str) -> list[int]:
+    """The N of every ``span-<N>`` directory directly under ``base``, ascending."""
+    if not tf.io.gfile.isdir(base):
+        return []
+    return sorted(int(m.group(1)) for m in (SPAN_DIR.match(name.rstrip("/")) for name in tf.io.gfile.listdir(base))
+                  if m)
+
+
 def check(base: str, pattern: str) -> tuple[list[str], list[str]]:
     """Fails fast, before any component runs, on a corpus that cannot produce documents.
 

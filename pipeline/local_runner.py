@@ -21,7 +21,7 @@ from tfx import v1 as tfx
 from pipeline import corpus as corpus_lib
 from pipeline import report
 from pipeline.config import PIPELINE_NAME, PipelineConfig
-from pipeline.pipeline import create_pipeline
+from pipeline.pipeline import create_ingest_pipeline, create_pipeline
 from serving import tf_serving
 
 MYSQL_ENV = ("DEEPSEEK_TFX_MYSQL_HOST", "DEEPSEEK_TFX_MYSQL_PORT", "DEEPSEEK_TFX_MYSQL_DATABASE",
@@ -90,6 +90,29 @@ def mysql_connection(env: dict) -> metadata_store_pb2.ConnectionConfig:
     return config
 
 
+def backfill_spans(*, pipeline_name: str, pipeline_root: str, base: str, pattern: str, config: PipelineConfig,
+                   metadata: metadata_store_pb2.ConnectionConfig, beam_args: Sequence[str]) -> list[int]:
+    """Reads the spans of the ``last_spans`` window that no run has read yet; returns their numbers.
+
+    The window is the span numbers newest-N+1 .. newest-1 found as ``span-<N>``
+    directories under ``base`` (the newest span is read by the run itself).
+    Each missing span runs ExampleGen alone (create_ingest_pipeline), so its
+    Examples are in ML Metadata before the span-window resolver looks.
+    """
+    spans = corpus_lib.span_numbers(base) if "{SPAN}" in pattern else []
+    if config.last_spans <= 1 or not spans:
+        return []
+    newest = spans[-1]
+    window = [s for s in spans if newest - config.last_spans < s < newest]
+    done = report.ingested_spans(report.open_store(metadata), pipeline_name) if window else set()
+    missing = [s for s in window if s not in done]
+    for span in missing:
+        tfx.orchestration.LocalDagRunner().run(create_ingest_pipeline(
+            pipeline_name=pipeline_name, pipeline_root=pipeline_root, corpus_base=base, corpus_pattern=pattern,
+            span=span, config=config, metadata_connection_config=metadata, beam_pipeline_args=beam_args))
+    return missing
+
+
 def run(
     *,
     output: str,
@@ -113,6 +136,9 @@ def run(
     files, _ = corpus_lib.check(base, pattern)
     corpus_bytes = sum(os.path.getsize(f) for f in files) if "://" not in base else None
     metadata = metadata or sqlite_connection(layout.metadata_path)
+    beam_args = [*default_beam_args(corpus_bytes), *beam_args]
+    backfill_spans(pipeline_name=pipeline_name, pipeline_root=layout.pipeline_root, base=base, pattern=pattern,
+                   config=config, metadata=metadata, beam_args=beam_args)
     pipeline = create_pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=layout.pipeline_root,
@@ -121,7 +147,7 @@ def run(
         serving_model_dir=layout.serving_model_dir,
         config=config,
         metadata_connection_config=metadata,
-        beam_pipeline_args=[*default_beam_args(corpus_bytes), *beam_args],
+        beam_pipeline_args=beam_args,
     )
     tfx.orchestration.LocalDagRunner().run(pipeline)
     summary = report.run_summary(report.open_store(metadata), pipeline_name)

@@ -4,6 +4,10 @@ corpus -> TextExampleGen -> StatisticsGen -> SchemaGen -> ExampleValidator
        -> TokenizerGen (learn subwords) -> Transform (tokenize) -> Trainer
        -> Evaluator (gate vs. latest blessed) -> Pusher
 
+With ``last_spans`` > 1, TokenizerGen, Transform (so the Trainer) and the
+Evaluator take the Examples of the last N spans (components.span_window)
+instead of the newest span alone; the data checks stay on the newest span.
+
 Runners set paths, metadata and the orchestrator, then call this; nothing here
 reads the environment or invents paths.
 """
@@ -16,8 +20,10 @@ import tensorflow_model_analysis as tfma
 from ml_metadata.proto import metadata_store_pb2
 from tfx import v1 as tfx
 from tfx.dsl.input_resolution.strategies.latest_blessed_model_strategy import LatestBlessedModelStrategy
+from tfx.proto import range_config_pb2
 
 from components.model_gate import AtomicPusher, TokenizerAwareEvaluator
+from components.span_window import LastSpansStrategy
 from components.baseline_resolver import (
     BlessedModelTokenizerStrategy,
     LatestBlessedBaselineStrategy,
@@ -26,7 +32,7 @@ from components.baseline_resolver import (
 from components.text_example_gen import TextExampleGen
 from components.tokenizer_consumers import TokenizingTrainer, TokenizingTransform, VertexTokenizingTrainer
 from components.tokenizer_gen import Tokenizer, TokenizerGen
-from pipeline.config import PipelineConfig
+from pipeline.config import ConfigError, PipelineConfig
 
 PREPROCESSING_FN = "trainer_module.preprocessing.preprocessing_fn"
 RUN_FN = "trainer_module.trainer.run_fn"
@@ -59,6 +65,44 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
             tfma.MetricConfig(class_name="BitsPerByte", module=METRICS_MODULE,
                               threshold=threshold(config.bpb_regression_tolerance, config.max_bits_per_byte)),
         ])],
+    )
+
+
+def _example_gen(corpus_base: str, corpus_pattern: str, config: PipelineConfig, span: Optional[int] = None):
+    """The pipeline's ExampleGen: the latest span, or exactly ``span``."""
+    range_config = None
+    if span is not None:
+        range_config = range_config_pb2.RangeConfig(static_range=range_config_pb2.StaticRange(
+            start_span_number=span, end_span_number=span))
+    return TextExampleGen(input_base=corpus_base, input_pattern=corpus_pattern, eval_fraction=config.eval_fraction,
+                          max_document_chars=config.max_document_chars, text_field=config.text_field,
+                          range_config=range_config)
+
+
+def create_ingest_pipeline(
+    *,
+    pipeline_name: str,
+    pipeline_root: str,
+    corpus_base: str,
+    corpus_pattern: str,
+    span: int,
+    config: PipelineConfig,
+    metadata_connection_config: Optional[metadata_store_pb2.ConnectionConfig] = None,
+    beam_pipeline_args: Sequence[str] = (),
+) -> tfx.dsl.Pipeline:
+    """ExampleGen alone, reading one given span, under the same pipeline and node names as create_pipeline.
+
+    Its Examples are outputs of the same ExampleGen node, so the span-window
+    resolver of a later create_pipeline run finds them (used to backfill the
+    window of ``last_spans`` with spans that no run has read).
+    """
+    return tfx.dsl.Pipeline(
+        pipeline_name=pipeline_name,
+        pipeline_root=pipeline_root,
+        components=[_example_gen(corpus_base, corpus_pattern, config, span=span)],
+        enable_cache=True,
+        metadata_connection_config=metadata_connection_config,
+        beam_pipeline_args=list(beam_pipeline_args),
     )
 
 
@@ -99,18 +143,27 @@ def create_pipeline(
             (components.tokenizer_consumers.vertex_training_config) instead of in
             the pipeline step; None trains in the step.
     """
-    example_gen = TextExampleGen(
-        input_base=corpus_base,
-        input_pattern=corpus_pattern,
-        eval_fraction=config.eval_fraction,
-        max_document_chars=config.max_document_chars,
-        text_field=config.text_field,
-    )
+    example_gen = _example_gen(corpus_base, corpus_pattern, config)
     statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
     schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"],
                                           infer_feature_shape=True)
     example_validator = tfx.components.ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"])
+    # The newest span is validated above; the tokenizer, training and evaluation see the window.
+    span_window = None
+    examples = example_gen.outputs["examples"]
+    if config.last_spans > 1:
+        if portable_resolvers:
+            raise ConfigError("PipelineConfig.last_spans must be 1 for Kubeflow Pipelines / Vertex AI: the "
+                              f"span-window resolver does not compile there (got {config.last_spans})")
+        span_window = tfx.dsl.Resolver(
+            strategy_class=LastSpansStrategy,
+            config={"num_spans": config.last_spans},
+            examples=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Examples,
+                                     producer_component_id=example_gen.id, output_key="examples"),
+        ).with_id("span_window_resolver")
+        span_window.add_upstream_node(example_gen)  # the window ends at the span this run read
+        examples = span_window.outputs["examples"]
     tokenizer_resolver = None
     if not config.retrain_tokenizer and not portable_resolvers:  # reuse the blessed model's tokenizer, so warm starts stay valid
         tokenizer_resolver = tfx.dsl.Resolver(
@@ -118,13 +171,13 @@ def create_pipeline(
             model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
             model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
             tokenizer=tfx.dsl.Channel(type=Tokenizer),
-            examples=example_gen.outputs["examples"],
+            examples=examples,
         ).with_id("blessed_model_tokenizer_resolver")
     tokenizer_gen = TokenizerGen(
-        examples=example_gen.outputs["examples"], config=config.tokenizer,
+        examples=examples, config=config.tokenizer,
         base_tokenizer=tokenizer_resolver.outputs["tokenizer"] if tokenizer_resolver else None)
     transform = TokenizingTransform(
-        examples=example_gen.outputs["examples"],
+        examples=examples,
         schema=schema_gen.outputs["schema"],
         tokenizer=tokenizer_gen.outputs["tokenizer"],
         preprocessing_fn=PREPROCESSING_FN,
@@ -156,7 +209,7 @@ def create_pipeline(
         **({} if portable_resolvers else {"candidate": trainer.outputs["model"]}),
     ).with_id("latest_blessed_model_resolver")
     evaluator = TokenizerAwareEvaluator(
-        examples=example_gen.outputs["examples"],
+        examples=examples,
         model=trainer.outputs["model"],
         baseline_model=model_resolver.outputs["model"],
         eval_config=eval_config(config),
@@ -173,6 +226,7 @@ def create_pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,
         components=[example_gen, statistics_gen, schema_gen, example_validator,
+                    *([span_window] if span_window else []),
                     *([tokenizer_resolver] if tokenizer_resolver else []), tokenizer_gen, transform,
                     *([warm_start_resolver] if warm_start_resolver else []), trainer,
                     model_resolver, evaluator, pusher],

@@ -115,6 +115,10 @@ def run_summary(store, pipeline_name: str) -> dict[str, Any]:
                        bytes=prop(examples, "corpus_bytes"),
                        replaced_invalid_utf8=prop(examples, "corpus_replaced_invalid_utf8"),
                        chunked_documents=prop(examples, "corpus_chunked_documents"))
+    transforms = node_executions(store, pipeline_name, "Transform")
+    if transforms:  # the spans tokenized and trained on: the newest, or the window of --last-spans
+        summary["spans"] = sorted(prop(a, "span", 0) for a in
+                                  execution_artifacts(store, transforms[-1].id, outputs=False).get("examples", []))
     post_stats = _single(latest_outputs(store, pipeline_name, "Transform"), "post_transform_stats")
     if post_stats is not None:
         summary["corpus_tokens"] = transformed_token_count(post_stats.uri)
@@ -201,31 +205,39 @@ def lineage_lines(store, artifact, max_depth: int = 8) -> list[str]:
     return lines
 
 
-def _upstream(store, artifact_id: int):
-    """Artifacts upstream of ``artifact_id`` (through the executions that made them), nearest first."""
-    seen, frontier = {artifact_id}, [artifact_id]
-    while frontier:
-        current, frontier = frontier, []
-        for art_id in current:
-            execution = _producer(store, art_id)
-            if execution is None:
-                continue
-            for arts in execution_artifacts(store, execution.id, outputs=False).values():
-                for a in arts:
-                    if a.id not in seen:
-                        seen.add(a.id)
-                        frontier.append(a.id)
-                        yield a
+def _producer_inputs(store, artifacts, key: str) -> list:
+    """The ``key`` inputs of the executions that produced ``artifacts`` (each artifact once, by id)."""
+    found: dict[int, Any] = {}
+    for artifact in artifacts:
+        execution = _producer(store, artifact.id)
+        if execution is not None:
+            for a in execution_artifacts(store, execution.id, outputs=False).get(key, []):
+                found[a.id] = a
+    return [found[i] for i in sorted(found)]
+
+
+def trained_examples(store, model) -> list:
+    """The ExampleGen outputs a Trainer's model was trained on (through Transform), oldest span first."""
+    transformed = _producer_inputs(store, [model], "examples")
+    return sorted(_producer_inputs(store, transformed, "examples"), key=lambda a: (prop(a, "span", 0), a.id))
+
+
+def ingested_spans(store, pipeline_name: str) -> set[int]:
+    """Spans that the pipeline's ExampleGen has read into Examples artifacts."""
+    spans = set()
+    for execution in node_executions(store, pipeline_name, "TextExampleGen"):
+        for examples in execution_artifacts(store, execution.id).get("examples", []):
+            spans.add(int(prop(examples, "span", 0)))
+    return spans
 
 
 def pushed_versions(store) -> list[dict]:
-    """Every model really pushed, oldest first: version, path, and the corpus span it was trained on."""
+    """Every model really pushed, oldest first: version, path, and the corpus spans it was trained on."""
     rows = []
     for pushed in sorted(store.get_artifacts_by_type("PushedModel"), key=lambda a: a.id):
         if not prop(pushed, "pushed", 0):
             continue
-        examples = next((a for a in _upstream(store, pushed.id) if prop(a, "corpus_documents") is not None), None)
+        examples = trained_examples(store, _producer_inputs(store, [pushed], "model")[0])
         rows.append({"version": prop(pushed, "pushed_version"), "path": prop(pushed, "pushed_destination"),
-                     "span": prop(examples, "span") if examples is not None else None,
-                     "examples_uri": examples.uri if examples is not None else None})
+                     "spans": [prop(a, "span") for a in examples], "examples_uris": [a.uri for a in examples]})
     return rows

@@ -63,3 +63,35 @@ def test_bad_option_values_name_the_field(tmp_path, capsys):
 def test_lineage_without_runs_says_what_to_do(tmp_path, capsys):
     assert cli.main(["lineage", "--output", str(tmp_path)]) == cli.EXIT_USAGE
     assert "run `deepseek-tfx run` first" in capsys.readouterr().err
+
+
+def test_bad_last_spans_is_refused_before_anything_runs(tmp_path, capsys):
+    (tmp_path / "corpus" / "span-1").mkdir(parents=True)
+    (tmp_path / "corpus" / "span-1" / "a.txt").write_text("Some text.\n")
+    code = cli.main(["retrain", "--corpus", str(tmp_path / "corpus"), "--output", str(tmp_path / "out"),
+                     "--last-spans", "0"])
+    assert code == cli.EXIT_USAGE
+    assert "PipelineConfig.last_spans: must be >= 1, got 0" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "out" / "pipeline_root")
+
+
+def test_root_cause_stops_where_the_error_hid_its_context():
+    class TokenizerError(ValueError):
+        pass
+
+    try:
+        try:
+            raise RuntimeError("INTERNAL: src/trainer_interface.cc: Vocabulary size is smaller than required_chars")
+        except RuntimeError:
+            raise TokenizerError("vocab_size=300 is too small") from None
+    except TokenizerError as hidden:
+        try:
+            raise RuntimeError("component failed") from hidden
+        except RuntimeError as wrapped:
+            assert cli._root_cause(wrapped) == "TokenizerError: vocab_size=300 is too small"
+
+
+def test_span_lists_read_naturally():
+    assert cli._spans([3]) == "span 3"
+    assert cli._spans([1, 2, 3]) == "spans 1, 2, 3"
+    assert cli._spans([]) == "span n/a"

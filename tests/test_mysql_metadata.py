@@ -70,7 +70,7 @@ def test_pipeline_records_its_lineage_in_mysql(mysql_server, tmp_path, shakespea
     pushed = report.latest_pushed_model(store)
     assert pushed is not None
     versions = report.pushed_versions(store)
-    assert [v["span"] for v in versions] == [0]
+    assert [v["spans"] for v in versions] == [[0]]
     assert len(report.node_executions(store, "deepseek-tfx", "Trainer")) == 1
 
     assert cli.main(["lineage", "--output", str(output), "--metadata", "mysql"]) == 0

@@ -2,9 +2,11 @@
 
 import json
 
+import pytest
+from tfx.dsl.compiler import compiler
 from tfx.types import standard_artifacts
 
-from pipeline.config import PipelineConfig
+from pipeline.config import ConfigError, PipelineConfig
 from pipeline.pipeline import create_pipeline
 
 
@@ -77,3 +79,30 @@ def test_warm_start_can_be_switched_off(tmp_path):
     nodes = {c.id: c for c in build(tmp_path, warm_start=False).components}
     assert "warm_start_model_resolver" not in nodes
     assert "base_model" not in nodes["Trainer"].inputs
+
+
+def test_last_spans_routes_the_window_to_tokenizer_transform_and_evaluator(tmp_path):
+    pipeline = build(tmp_path, last_spans=3)
+    nodes = {c.id: c for c in pipeline.components}
+    window = nodes["span_window_resolver"]
+    assert window.exec_properties["source_uri"] == {"num_spans": 3}  # TFX keeps the strategy config there
+    assert window.raw_inputs["examples"].producer_component_id == "TextExampleGen"
+    assert nodes["TextExampleGen"] in window.upstream_nodes
+    for node in ("TokenizerGen", "Transform", "Evaluator"):
+        assert nodes[node].inputs["examples"] is window.outputs["examples"], node
+    assert nodes["blessed_model_tokenizer_resolver"].raw_inputs["examples"] is window.outputs["examples"]
+    assert nodes["StatisticsGen"].inputs["examples"] is nodes["TextExampleGen"].outputs["examples"]
+
+    ir = compiler.Compiler().compile(pipeline)  # what LocalDagRunner runs: the window waits for ExampleGen
+    compiled = {n.pipeline_node.node_info.id: n.pipeline_node for n in ir.nodes}
+    assert "TextExampleGen" in compiled["span_window_resolver"].upstream_nodes
+    assert "span_window_resolver" in compiled["Transform"].upstream_nodes
+
+
+def test_last_spans_does_not_compile_for_kubeflow(tmp_path):
+    with pytest.raises(ConfigError, match=r"last_spans must be 1 for Kubeflow Pipelines / Vertex AI"):
+        create_pipeline(pipeline_name="p", pipeline_root="gs://b/root", corpus_base="gs://b/corpus",
+                        corpus_pattern="span-{SPAN}/*", serving_model_dir="gs://b/serving",
+                        config=PipelineConfig(preset="tiny", last_spans=2), portable_resolvers=True)
+    with pytest.raises(ConfigError, match=r"PipelineConfig.last_spans: must be >= 1, got 0"):
+        PipelineConfig(last_spans=0)

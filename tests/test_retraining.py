@@ -1,7 +1,8 @@
 """Retraining on new spans through `deepseek-tfx retrain`, checked through ML Metadata.
 
-span 1 -> version 1 pushed; span 2 -> the blessed tokenizer reused, warm-started from version 1, compared with
-it, pushed as version 2; the same command again -> nothing re-executes; a new tokenizer with a one-step model ->
+span 1 -> version 1 pushed; span 2 with `--last-spans 2` -> trained on spans 1 and 2, the blessed tokenizer
+reused, warm-started from version 1, compared with it, pushed as version 2; the same command again -> nothing
+re-executes; a new tokenizer with a one-step model ->
 compared on bits per byte and refused; a garbage span 3 -> refused, version 2 stays served; `lineage` names
 the span of each pushed version.
 """
@@ -15,7 +16,7 @@ import tensorflow_model_analysis as tfma
 from ml_metadata.proto import metadata_store_pb2
 
 from pipeline import cli, local_runner, report
-from pipeline.config import PIPELINE_NAME
+from pipeline.config import PIPELINE_NAME, PipelineConfig
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +42,13 @@ def _states(store):
     return found
 
 
+def _inputs(store, node, key):
+    """The ``key`` inputs of the node's latest execution, oldest span first."""
+    execution = report.node_executions(store, PIPELINE_NAME, node)[-1]
+    return sorted(report.execution_artifacts(store, execution.id, outputs=False)[key],
+                  key=lambda a: report.prop(a, "span"))
+
+
 def _failed(evaluation_uri):
     return {(f.metric_key.name, f.metric_threshold.HasField("change_threshold"))
             for s in tfma.load_validation_result(evaluation_uri).metric_validations_per_slice for f in s.failures}
@@ -62,9 +70,13 @@ def test_retrain_on_new_spans(tmp_path, shakespeare, capsys):
 
     (corpus / "span-2").mkdir()
     (corpus / "span-2" / "part.txt").write_bytes(text[80_000:160_000])
-    store, second = _retrain(corpus, output)
+    store, second = _retrain(corpus, output, "--last-spans", "2")
     reused = _latest(store, "TokenizerGen", "tokenizer")
-    assert second["span"] == 2 and report.prop(reused, "span") == 2
+    assert second["span"] == 2 and second["spans"] == [1, 2] and report.prop(reused, "span") == 2
+    for node in ("TokenizerGen", "Evaluator"):
+        assert [report.prop(a, "span") for a in _inputs(store, node, "examples")] == [1, 2], node
+    # span 1 is the Examples the first run read, not read again
+    assert [a.uri for a in _inputs(store, "Transform", "examples")] == [first["examples_uri"], second["examples_uri"]]
     assert report.prop(reused, "reused_from_artifact_id") == learned.id
     assert second["warm_start"] == f"warm-started from {v1_model.uri}/Format-Serving"
     assert report.prop(_latest(store, "Evaluator", "evaluation"), "compared_by") == "Perplexity"
@@ -73,10 +85,11 @@ def test_retrain_on_new_spans(tmp_path, shakespeare, capsys):
     v2 = second["pushed_version"]
 
     before = _states(store)
-    store, _ = _retrain(corpus, output)  # no new span
+    store, _ = _retrain(corpus, output, "--last-spans", "2")  # no new span
     new = {(node, state) for node, state, _ in _states(store) - before}
     assert {node for node, state in new if state != metadata_store_pb2.Execution.CACHED} <= \
-        {"blessed_model_tokenizer_resolver", "warm_start_model_resolver", "latest_blessed_model_resolver"}
+        {"span_window_resolver", "blessed_model_tokenizer_resolver", "warm_start_model_resolver",
+         "latest_blessed_model_resolver"}
     assert sorted(os.listdir(serving)) == sorted([v1, v2])
 
     # A new tokenizer and a worse (one-step) model: perplexities over different vocabularies are not
@@ -103,5 +116,28 @@ def test_retrain_on_new_spans(tmp_path, shakespeare, capsys):
     capsys.readouterr()
     assert cli.main(["lineage", "--output", str(output)]) == 0
     printed = capsys.readouterr().out
-    assert f"version {v1}: trained on span 1 " in printed and f"version {v2}: trained on span 2 " in printed
+    assert f"version {v1}: trained on span 1 " in printed and f"version {v2}: trained on spans 1, 2 " in printed
     assert "span 3" not in printed
+
+
+def test_last_spans_backfills_spans_no_run_has_read(tmp_path, shakespeare):
+    """`retrain --last-spans 3` on a corpus first seen with three spans reads spans 1 and 2 before the run."""
+    text = shakespeare.read_bytes()
+    corpus = tmp_path / "corpus"
+    for span, size in ((1, 4_000), (2, 10_000), (3, 6_000)):  # sizes tell the spans apart
+        (corpus / f"span-{span}").mkdir(parents=True)
+        (corpus / f"span-{span}" / "part.txt").write_bytes(text[span * 10_000:span * 10_000 + size])
+    metadata = local_runner.sqlite_connection(str(tmp_path / "metadata.sqlite"))
+    args = dict(pipeline_name=PIPELINE_NAME, pipeline_root=str(tmp_path / "root"), base=str(corpus),
+                pattern="span-{SPAN}/*", metadata=metadata, beam_args=local_runner.default_beam_args(24_000))
+
+    assert local_runner.backfill_spans(config=PipelineConfig(last_spans=1), **args) == []
+    assert local_runner.backfill_spans(config=PipelineConfig(last_spans=3), **args) == [1, 2]
+    store = report.open_store(metadata)
+    assert report.ingested_spans(store, PIPELINE_NAME) == {1, 2}
+    examples = {report.prop(a, "span"): a for e in report.node_executions(store, PIPELINE_NAME, "TextExampleGen")
+                for a in report.execution_artifacts(store, e.id)["examples"]}
+    # each span's own file (document bytes, without the blank lines between documents)
+    assert 3_500 < report.prop(examples[1], "corpus_bytes") <= 4_000
+    assert 9_000 < report.prop(examples[2], "corpus_bytes") <= 10_000
+    assert local_runner.backfill_spans(config=PipelineConfig(last_spans=3), **args) == []  # already read
