@@ -1,5 +1,7 @@
 """The training loop: accumulation, recomputation, XLA, checkpoints, divergence, time limit, FLOPs."""
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -123,3 +125,18 @@ def test_flops_per_token_counts_matmuls_and_attention():
 
 def test_matmul_peak_is_measured():
     assert measure_matmul_peak("float32", n=256, seconds=0.2) > 1e8
+
+
+def test_time_limit_is_refused_with_several_workers(monkeypatch):
+    """Each worker would stop by its own clock, at its own step, and hang the others in an all-reduce."""
+    from types import SimpleNamespace
+
+    from trainer_module import trainer
+
+    cluster = {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 0}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(cluster))
+    custom = {"train": TrainConfig(max_train_seconds=90).to_dict()}
+    with pytest.raises(ConfigError, match=r"TrainConfig.max_train_seconds: must be 0 with several workers"):
+        trainer.run_fn(SimpleNamespace(custom_config=custom, train_steps=10))
+    monkeypatch.setenv("TF_CONFIG", json.dumps({**cluster, "cluster": {"worker": ["localhost:1"]}}))
+    assert not trainer.is_multi_worker()

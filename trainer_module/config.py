@@ -169,7 +169,8 @@ class TrainConfig:
     keep_checkpoints: int = 3
     """Checkpoints kept on disk (the newest)."""
     max_train_seconds: float = 0.0
-    """Stop training after this much wall-clock time, before train_steps if need be; 0: no limit."""
+    """Stop training after this much wall-clock time, before train_steps if need be; 0: no limit.
+    Single-worker runs only (the Trainer refuses it under MultiWorkerMirroredStrategy)."""
 
     def __post_init__(self):
         name = type(self).__name__
