@@ -1,0 +1,113 @@
+"""Where the time of one shape-(a) training step goes: the matmul-only bound and an attention ablation.
+
+    python bench/step_anatomy.py [--seconds 12]
+
+Prints, for the dense GPT switch at nanoGPT's CPU shape (bench/train_bench.py's
+``nanogpt``, float32):
+  * the matmul-only bound: every matmul of one training step (forward, input
+    gradient and weight gradient of each of the 21 weight matrices, and the
+    attention's batched products), and nothing else, in one graph; with TF
+    kernels and with XLA. Tokens/s at this time per step is what a step of
+    free elementwise work would reach.
+  * the real TrainLoop's tokens/s, and the same with the attention core
+    (scores, softmax, weighted sum) replaced by passing the values through, in
+    TF and in XLA (``jit_compile``): the cost of attention in each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tensorflow as tf  # noqa: E402
+import tf_keras as keras  # noqa: E402
+
+from bench.train_bench import SHAPES, random_batches  # noqa: E402
+from trainer_module import layers  # noqa: E402
+from trainer_module.config import TrainConfig  # noqa: E402
+from trainer_module.model import DeepSeekLM  # noqa: E402
+from trainer_module.train_loop import TrainLoop, make_optimizer  # noqa: E402
+
+
+def matmul_bound(config, batch: int, xla: bool, repeats: int = 40) -> tuple[float, float]:
+    """(seconds per step, GFLOP/s) of only the matmuls of one training step of ``config``."""
+    n, d, f, h, t = batch * config.context_len, config.d_model, config.inter_dim, config.n_heads, config.context_len
+    per_layer = [(d, 3 * d), (d, d), (d, f), (d, f), (f, d)]
+    shapes = per_layer * config.n_layers + [(d, config.vocab_size)]
+    weights = [tf.random.normal(s) for s in shapes]
+    acts = {k: tf.random.normal([n, k]) for k in {a for a, _ in shapes}}
+    grads = {k: tf.random.normal([n, k]) for k in {b for _, b in shapes}}
+    q = tf.random.normal([batch * h, t, d // h])
+    p = tf.random.normal([batch * h, t, t])
+
+    @tf.function(jit_compile=xla)
+    def step():
+        out = []
+        for w in weights:
+            a, b = w.shape
+            out += [tf.matmul(acts[a], w), tf.matmul(grads[b], w, transpose_b=True),
+                    tf.matmul(acts[a], grads[b], transpose_a=True)]
+        for _ in range(config.n_layers):  # scores and output, forward, and their four backward products
+            out += [tf.matmul(q, q, transpose_b=True), tf.matmul(p, q), tf.matmul(p, q),
+                    tf.matmul(p, q, transpose_a=True), tf.matmul(p, q), tf.matmul(p, q, transpose_a=True)]
+        return tf.add_n([tf.reduce_sum(o[:1, :1]) for o in out])  # keeps every product alive
+
+    float(step())
+    start = time.perf_counter()
+    for _ in range(repeats):
+        result = step()
+    float(result)
+    seconds = (time.perf_counter() - start) / repeats
+    flops = sum(6 * n * a * b for a, b in shapes) + config.n_layers * 6 * 2 * batch * h * t * t * (d // h)
+    return seconds, flops / seconds / 1e9
+
+
+def _values_only(self, q, k, v, bias):
+    """Ablation: the attention core removed, values passed straight to the output projection."""
+    return self.wo(tf.reshape(v, tf.concat([tf.shape(q)[:2], [self.d_model]], 0)))
+
+
+def train_rate(config, batch: int, xla: bool, seconds: float, attention: bool) -> float:
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    original = layers.MultiHeadAttention._attend
+    if not attention:
+        layers.MultiHeadAttention._attend = _values_only
+    try:
+        cfg = TrainConfig(train_steps=1_000_000, batch_size=batch, jit_compile=xla, log_every=1_000_000,
+                          checkpoint_every=0, eval_batches=0, max_train_seconds=seconds)
+        model = DeepSeekLM(config)
+        model(tf.zeros([1, 8], tf.int64))
+        loop = TrainLoop(model, make_optimizer(model, cfg), tf.distribute.get_strategy(), cfg)
+        loop.train(random_batches(config, batch), 1)
+        result = loop.train(random_batches(config, batch, seed=1), 1_000_000, start_step=1)
+    finally:
+        layers.MultiHeadAttention._attend = original
+    return result.tokens / result.seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=12.0, help="timed training per combination")
+    args = parser.parse_args()
+    config, batch = SHAPES["nanogpt"]
+    tokens = batch * config.context_len
+    for xla in (False, True):
+        seconds, gflops = matmul_bound(config, batch, xla)
+        print(f"matmul-only bound, {'XLA' if xla else 'TF '}: {1e3 * seconds:.1f} ms per step "
+              f"({gflops:.1f} GFLOP/s) = {tokens / seconds:,.0f} tokens/s", flush=True)
+    for xla in (False, True):
+        for attention in (True, False):
+            rate = train_rate(config, batch, xla, args.seconds, attention)
+            print(f"TrainLoop, {'XLA' if xla else 'TF '}, {'with' if attention else 'without'} attention core: "
+                  f"{rate:,.0f} tokens/s ({1e3 * tokens / rate:.1f} ms per step)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
