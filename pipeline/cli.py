@@ -215,7 +215,8 @@ def format_summary(summary: dict) -> str:
         "deepseek-tfx run summary",
         f"  corpus:        {summary.get('corpus')} ({_spans(summary.get('spans') or [summary[k] for k in ('span',) if summary.get(k) is not None])})",
         f"  read:          {num('documents')} documents, {num('bytes')} bytes from {num('files')} file(s)"
-        f"; {num('replaced_invalid_utf8')} invalid UTF-8 sequence(s) replaced",
+        f"; {num('replaced_invalid_utf8')} invalid UTF-8 sequence(s) replaced"
+        + (" (the newest span)" if len(summary.get("spans") or []) > 1 else ""),
         f"  tokens:        {num('corpus_tokens')} in the corpus; trained on {num('train_tokens')}",
         f"  training:      {num('train_steps')} steps, {num('parameters')} parameters, "
         f"{num('train_tokens_per_second', '{:,.0f}')} tokens/s (MFU {num('train_mfu', '{:.1%}')}), "

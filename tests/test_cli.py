@@ -95,3 +95,10 @@ def test_span_lists_read_naturally():
     assert cli._spans([3]) == "span 3"
     assert cli._spans([1, 2, 3]) == "spans 1, 2, 3"
     assert cli._spans([]) == "span n/a"
+
+
+def test_summary_names_the_spans_trained_on():
+    window = cli.format_summary({"corpus": "/c/span-{SPAN}/*", "span": 3, "spans": [2, 3], "documents": 246})
+    assert "/c/span-{SPAN}/* (spans 2, 3)" in window and "246 documents" in window and "(the newest span)" in window
+    single = cli.format_summary({"corpus": "/c/a.txt", "span": 0, "spans": [0]})
+    assert "/c/a.txt (span 0)" in single and "newest span" not in single
