@@ -69,6 +69,19 @@ def _producer_id(store, artifact_id: int):
     return outputs[0] if outputs else None
 
 
+def _inputs_if_rerun(store, execution_id: Optional[int], examples: set, key: str) -> Optional[list[int]]:
+    """The ids execution ``execution_id`` was given under ``key``, if its examples were exactly ``examples``.
+
+    The shared rule of the strategies below: when the latest blessed model came from
+    these very examples (a rerun with no new data), resolve what its producing
+    execution was given, so the consumer's inputs repeat and it stays cached. None
+    when the examples differ (new data: use the blessed artifact itself).
+    """
+    if execution_id is None or set(_input_ids(store, execution_id, EXAMPLES_KEY)) != examples:
+        return None
+    return _input_ids(store, execution_id, key)
+
+
 class BlessedModelTokenizerStrategy(resolver.ResolverStrategy):
     """Resolves {tokenizer}: the tokenizer the latest blessed model was trained with, for reuse.
 
@@ -94,12 +107,9 @@ class BlessedModelTokenizerStrategy(resolver.ResolverStrategy):
         used = _input_ids(store, trainer, TOKENIZER_KEY) if trainer is not None else []
         if not used or used[0] not in tokenizers:
             return result
-        generator = _producer_id(store, used[0])
-        if generator is not None and current == set(_input_ids(store, generator, EXAMPLES_KEY)):
-            result[TOKENIZER_KEY] = [tokenizers[i] for i in _input_ids(store, generator, "base_tokenizer")
-                                     if i in tokenizers]
-        else:
-            result[TOKENIZER_KEY] = [tokenizers[used[0]]]
+        given = _inputs_if_rerun(store, _producer_id(store, used[0]), current, "base_tokenizer")
+        result[TOKENIZER_KEY] = ([tokenizers[i] for i in given if i in tokenizers] if given is not None
+                                 else [tokenizers[used[0]]])
         return result
 
 
@@ -126,10 +136,10 @@ class WarmStartModelStrategy(resolver.ResolverStrategy):
         latest = _latest_blessed(models, blessings)
         if not latest[MODEL_KEY]:
             return result
-        trainer = _producer_id(store, latest[MODEL_KEY][0].id)
-        if trainer is not None and current == set(_input_ids(store, trainer, EXAMPLES_KEY)):
+        given = _inputs_if_rerun(store, _producer_id(store, latest[MODEL_KEY][0].id), current, BASE_MODEL_KEY)
+        if given is not None:
             by_id = {m.id: m for m in models}
-            result[MODEL_KEY] = [by_id[i] for i in _input_ids(store, trainer, BASE_MODEL_KEY) if i in by_id]
+            result[MODEL_KEY] = [by_id[i] for i in given if i in by_id]
         else:
             result.update(latest)
         return result
