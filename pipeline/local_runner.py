@@ -96,8 +96,8 @@ def backfill_spans(*, pipeline_name: str, pipeline_root: str, base: str, pattern
 
     The window is the span numbers newest-N+1 .. newest-1 found as ``span-<N>``
     directories under ``base`` (the newest span is read by the run itself).
-    Each missing span runs ExampleGen alone (create_ingest_pipeline), so its
-    Examples are in ML Metadata before the span-window resolver looks.
+    Each missing span runs ExampleGen and the data checks (create_ingest_pipeline),
+    so its Examples are in ML Metadata, validated, before the span-window resolver looks.
     """
     spans = corpus_lib.span_numbers(base) if "{SPAN}" in pattern else []
     if config.last_spans <= 1 or not spans:

@@ -79,6 +79,16 @@ def _example_gen(corpus_base: str, corpus_pattern: str, config: PipelineConfig, 
                           range_config=range_config)
 
 
+def _data_checks(example_gen):
+    """StatisticsGen, SchemaGen and ExampleValidator (TFDV) over an ExampleGen's output."""
+    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
+    schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"],
+                                          infer_feature_shape=True)
+    example_validator = tfx.components.ExampleValidator(
+        statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"])
+    return statistics_gen, schema_gen, example_validator
+
+
 def create_ingest_pipeline(
     *,
     pipeline_name: str,
@@ -90,16 +100,19 @@ def create_ingest_pipeline(
     metadata_connection_config: Optional[metadata_store_pb2.ConnectionConfig] = None,
     beam_pipeline_args: Sequence[str] = (),
 ) -> tfx.dsl.Pipeline:
-    """ExampleGen alone, reading one given span, under the same pipeline and node names as create_pipeline.
+    """ExampleGen reading one given span, and the data checks, under the same pipeline and node names as
+    create_pipeline.
 
     Its Examples are outputs of the same ExampleGen node, so the span-window
     resolver of a later create_pipeline run finds them (used to backfill the
-    window of ``last_spans`` with spans that no run has read).
+    window of ``last_spans`` with spans that no run has read); the span gets the
+    same statistics and validation as a span read by a whole run.
     """
+    example_gen = _example_gen(corpus_base, corpus_pattern, config, span=span)
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,
-        components=[_example_gen(corpus_base, corpus_pattern, config, span=span)],
+        components=[example_gen, *_data_checks(example_gen)],
         enable_cache=True,
         metadata_connection_config=metadata_connection_config,
         beam_pipeline_args=list(beam_pipeline_args),
@@ -144,11 +157,7 @@ def create_pipeline(
             the pipeline step; None trains in the step.
     """
     example_gen = _example_gen(corpus_base, corpus_pattern, config)
-    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
-    schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"],
-                                          infer_feature_shape=True)
-    example_validator = tfx.components.ExampleValidator(
-        statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"])
+    statistics_gen, schema_gen, example_validator = _data_checks(example_gen)
     # The newest span is validated above; the tokenizer, training and evaluation see the window.
     span_window = None
     examples = example_gen.outputs["examples"]

@@ -140,4 +140,8 @@ def test_last_spans_backfills_spans_no_run_has_read(tmp_path, shakespeare):
     # each span's own file (document bytes, without the blank lines between documents)
     assert 3_500 < report.prop(examples[1], "corpus_bytes") <= 4_000
     assert 9_000 < report.prop(examples[2], "corpus_bytes") <= 10_000
+    described = sorted(report.prop(a, "span") for e in report.node_executions(store, PIPELINE_NAME, "StatisticsGen")
+                       for a in report.execution_artifacts(store, e.id, outputs=False)["examples"])
+    assert described == [1, 2]  # each backfilled span has its statistics and validation
+    assert len(report.node_executions(store, PIPELINE_NAME, "ExampleValidator")) == 2
     assert local_runner.backfill_spans(config=PipelineConfig(last_spans=3), **args) == []  # already read
