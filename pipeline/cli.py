@@ -49,7 +49,7 @@ def _build_parser() -> argparse.ArgumentParser:
                          help=f"output directory, the same for every retraining (default: {DEFAULT_OUTPUT})")
     retrain.add_argument("--last-spans", type=int, default=1, metavar="N",
                          help="learn the tokenizer, train and evaluate on the spans numbered latest-N+1 .. latest "
-                              "(spans no run has read yet are read first); validation checks the newest span "
+                              "(spans no run has read yet are read and validated first) "
                               "(default: 1, the newest span only)")
     _add_config_args(retrain)
     _add_local_args(retrain)
@@ -213,7 +213,7 @@ def format_summary(summary: dict) -> str:
     lines = [
         "",
         "deepseek-tfx run summary",
-        f"  corpus:        {summary.get('corpus')} ({_spans(summary.get('spans') or [summary[k] for k in ('span',) if summary.get(k) is not None])})",
+        f"  corpus:        {summary.get('corpus')} ({_spans(summary.get('spans'))})",
         f"  read:          {num('documents')} documents, {num('bytes')} bytes from {num('files')} file(s)"
         f"; {num('replaced_invalid_utf8')} invalid UTF-8 sequence(s) replaced"
         + (" (the newest span)" if len(summary.get("spans") or []) > 1 else ""),
@@ -238,10 +238,11 @@ def format_summary(summary: dict) -> str:
 
 def _cmd_run(args) -> int:
     from components.text_corpus import CorpusError
+    from pipeline import corpus as corpus_lib
     from pipeline import local_runner
     from trainer_module.config import ConfigError
 
-    if args.command == "retrain" and not _has_spans(args.corpus):
+    if args.command == "retrain" and not corpus_lib.span_numbers(args.corpus):
         print(f"deepseek-tfx: error: retrain needs a corpus laid out in spans ({args.corpus}/span-1/, "
               f"span-2/, ...); found no span-N directory", file=sys.stderr)
         return EXIT_USAGE
@@ -263,10 +264,6 @@ def _cmd_run(args) -> int:
     print(format_summary(summary))
     return 0
 
-
-def _has_spans(corpus: Optional[str]) -> bool:
-    return bool(corpus) and os.path.isdir(corpus) and any(
-        re.fullmatch(r"span-\d+", name) for name in os.listdir(corpus))
 
 
 def _cmd_compile(args) -> int:

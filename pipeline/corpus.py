@@ -29,8 +29,7 @@ def resolve(corpus: str) -> tuple[str, str]:
     if not any(c in corpus for c in _GLOB_CHARS):
         if tf.io.gfile.isdir(corpus):
             base = corpus.rstrip("/")
-            has_spans = any(SPAN_DIR.match(name.rstrip("/")) for name in tf.io.gfile.listdir(base))
-            return base, "span-{SPAN}/*" if has_spans else "*"
+            return base, "span-{SPAN}/*" if span_numbers(base) else "*"
         if not tf.io.gfile.exists(corpus):
             raise text_corpus.CorpusError(f"corpus not found: nothing exists at {corpus!r}")
         return os.path.dirname(corpus) or ".", os.path.basename(corpus)

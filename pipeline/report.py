@@ -116,10 +116,11 @@ def run_summary(store, pipeline_name: str) -> dict[str, Any]:
                        replaced_invalid_utf8=prop(examples, "corpus_replaced_invalid_utf8"),
                        chunked_documents=prop(examples, "corpus_chunked_documents"))
     transforms = node_executions(store, pipeline_name, "Transform")
-    if transforms:  # the spans tokenized and trained on: the newest, or the window of --last-spans
-        summary["spans"] = sorted(prop(a, "span", 0) for a in
-                                  execution_artifacts(store, transforms[-1].id, outputs=False).get("examples", []))
-    post_stats = _single(latest_outputs(store, pipeline_name, "Transform"), "post_transform_stats")
+    tokenized = execution_artifacts(store, transforms[-1].id, outputs=False).get("examples", []) if transforms else []
+    # the spans tokenized and trained on: the newest, or the window of --last-spans
+    summary["spans"] = sorted(prop(a, "span", 0) for a in tokenized) or (
+        [summary["span"]] if summary.get("span") is not None else [])
+    post_stats = _single(execution_artifacts(store, transforms[-1].id) if transforms else {}, "post_transform_stats")
     if post_stats is not None:
         summary["corpus_tokens"] = transformed_token_count(post_stats.uri)
     model_run = _single(latest_outputs(store, pipeline_name, "Trainer"), "model_run")
