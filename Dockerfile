@@ -13,9 +13,10 @@ COPY pipeline/ pipeline/
 COPY serving/ serving/
 COPY trainer_module/ trainer_module/
 RUN python -m pip install --no-cache-dir -c constraints.txt -e . \
-    && python -c "import tensorflow_text, sentencepiece, trainer_module, components, pipeline"
+    && python -c "import tensorflow_text, sentencepiece, deepseek_tfx.pipeline, deepseek_tfx.components"
 
-# tf.Transform 1.16 and TFMA 0.47 run on tf_keras (Keras 2); every step and Beam worker needs this.
+# tf.Transform 1.16 and TFMA 0.47 run on tf_keras (Keras 2). The project's packages set this themselves
+# (deepseek_tfx.trainer_module), but in this image the entry point is TFX's own container launcher, which
+# imports TensorFlow before any project code, so the image sets it for every step and Beam worker.
 ENV TF_USE_LEGACY_KERAS=1 \
-    PYTHONPATH=/pipeline \
     PYTHONWARNINGS=ignore::FutureWarning

@@ -6,17 +6,16 @@ PYTHON ?= python3.10
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-export TF_USE_LEGACY_KERAS := 1
 export PYTHONWARNINGS := ignore::FutureWarning
 
-.PHONY: run test install clean
+.PHONY: run test lint install clean
 
 install: $(STAMP)
 
 $(STAMP): setup.py constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[test]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,lint]"
 	@touch $@
 
 # The full pipeline on the built-in corpus (ARGS="..." passes options to `deepseek-tfx run`).
@@ -26,6 +25,10 @@ run: $(STAMP)
 # The whole test suite, every tier (PYTEST_ARGS="..." passes options to pytest).
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff, configured in ruff.toml (rules and why); .ci/run runs this before the tests.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf deepseek_tfx_output .pytest_cache

@@ -1,6 +1,6 @@
 """Generation speed of the exported ``generate`` signature, beside a no-cache re-forward baseline.
 
-    python bench/generate_bench.py [--preset small] [--context-len 512] [--repeats 9]
+    python -m bench.generate_bench [--preset small] [--context-len 512] [--repeats 9]
 
 Builds the preset with random weights and the byte tokenizer (speed does not
 depend on the weights), exports it with the real export code (the tokenizer
@@ -22,16 +22,15 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import tensorflow as tf  # noqa: E402
+import deepseek_tfx.trainer_module  # noqa: F401  (first: sets TF_USE_LEGACY_KERAS)
+import tensorflow as tf
 
-from trainer_module import export  # noqa: E402
-from trainer_module.config import get_preset  # noqa: E402
-from trainer_module.model import DeepSeekLM  # noqa: E402
-from trainer_module.preprocessing import preprocessing_fn  # noqa: E402
-from trainer_module.tokenizer import ByteTokenizer, EOS_ID  # noqa: E402
+from deepseek_tfx.trainer_module import export
+from deepseek_tfx.trainer_module.config import get_preset
+from deepseek_tfx.trainer_module.model import DeepSeekLM
+from deepseek_tfx.trainer_module.preprocessing import preprocessing_fn
+from deepseek_tfx.trainer_module.tokenizer import ByteTokenizer, EOS_ID
 
 PROMPT = "ROMEO:\nBut soft, what light"
 
@@ -92,12 +91,12 @@ def main() -> int:
             prompt_ids = tf.concat([tf.fill([batch, 1], tf.constant(EOS_ID, tf.int64)),
                                     tokenizer.tokenize(prompts).to_tensor()], axis=1)
             for new in (64, 256):
-                def cached():
+                def cached(prompts=prompts, new=new):
                     out = generate(prompt=prompts, max_new_tokens=tf.constant(new), temperature=tf.constant(0.0),
                                    top_k=tf.constant(0), seed=tf.constant(0))["text"].numpy()
                     assert all(len(t) > 0 for t in out)
 
-                def uncached():
+                def uncached(batch=batch, prompt_ids=prompt_ids, new=new):
                     out = baseline(prompt_ids, tf.constant(new)).numpy()
                     assert out.shape == (batch, prompt_ids.shape[1] + new)
 

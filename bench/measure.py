@@ -4,7 +4,7 @@ Beam's multi-processing workers are separate processes, so a single process's
 max RSS (what `time -v` reports) under-counts; this samples the sum of RSS of
 the command and all its descendants every 0.2 s.
 
-    python bench/measure.py -- make run
+    python -m bench.measure -- make run
 """
 
 from __future__ import annotations

@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 make install >/dev/null
 rm -rf deepseek_tfx_output
-.venv/bin/python bench/measure.py -- make run
-.venv/bin/python bench/measure.py -- .venv/bin/python -m pytest -q tests/test_e2e.py
+.venv/bin/python -m bench.measure -- make run
+.venv/bin/python -m bench.measure -- .venv/bin/python -m pytest -q tests/test_e2e.py

@@ -1,6 +1,6 @@
 """Quality at equal time: the ``small`` preset trained for 90 s on tinyshakespeare, validation bits per byte.
 
-    python bench/quality_bench.py [--seconds 90] [--corpus ../shared/data/tinyshakespeare.txt]
+    python -m bench.quality_bench [--seconds 90] [--corpus ../shared/data/tinyshakespeare.txt]
 
 The reference: a 0.8M-parameter character-level PyTorch model reaches 2.70 bits
 per byte on the last 10% after 90 s of training on the first 90%, on these
@@ -27,19 +27,18 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+import deepseek_tfx.trainer_module  # noqa: F401  (first: sets TF_USE_LEGACY_KERAS)
+import numpy as np
+import sentencepiece
+import tensorflow as tf
+import tf_keras as keras
+
+from deepseek_tfx.components.tokenizer_gen import train_sentencepiece
+from deepseek_tfx.trainer_module.config import get_preset
+from deepseek_tfx.trainer_module.model import DeepSeekLM, token_nll
+from deepseek_tfx.trainer_module.train_loop import TrainLoop, make_optimizer
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-import numpy as np  # noqa: E402
-import sentencepiece  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import tf_keras as keras  # noqa: E402
-
-from components.tokenizer_gen import train_sentencepiece  # noqa: E402
-from trainer_module.config import get_preset  # noqa: E402
-from trainer_module.model import DeepSeekLM, token_nll  # noqa: E402
-from trainer_module.train_loop import TrainLoop, make_optimizer  # noqa: E402
 
 
 def blocks(ids: np.ndarray, context: int, batch: int, seed: int) -> tf.data.Dataset:

@@ -1,6 +1,6 @@
 """Where the time of one shape-(a) training step goes: the matmul-only bound and an attention ablation.
 
-    python bench/step_anatomy.py [--seconds 12]
+    python -m bench.step_anatomy [--seconds 12]
 
 Prints, for the dense GPT switch at nanoGPT's CPU shape (bench/train_bench.py's
 ``nanogpt``, float32):
@@ -17,21 +17,19 @@ Prints, for the dense GPT switch at nanoGPT's CPU shape (bench/train_bench.py's
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import tensorflow as tf  # noqa: E402
-import tf_keras as keras  # noqa: E402
+import deepseek_tfx.trainer_module  # noqa: F401  (first: sets TF_USE_LEGACY_KERAS)
+import tensorflow as tf
+import tf_keras as keras
 
-from bench.train_bench import SHAPES, random_batches  # noqa: E402
-from trainer_module import layers  # noqa: E402
-from trainer_module.config import TrainConfig  # noqa: E402
-from trainer_module.model import DeepSeekLM  # noqa: E402
-from trainer_module.train_loop import TrainLoop, make_optimizer  # noqa: E402
+from bench.train_bench import SHAPES, random_batches
+from deepseek_tfx.trainer_module import layers
+from deepseek_tfx.trainer_module.config import TrainConfig
+from deepseek_tfx.trainer_module.model import DeepSeekLM
+from deepseek_tfx.trainer_module.train_loop import TrainLoop, make_optimizer
 
 
 def matmul_bound(config, batch: int, xla: bool, repeats: int = 40) -> tuple[float, float]:

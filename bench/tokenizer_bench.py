@@ -6,7 +6,7 @@ executions and the number of tokens Transform wrote, and measures in the same
 process the raw `sentencepiece` encode speed and the in-graph tensorflow_text
 speed of the same model on the same text.
 
-    .venv/bin/python bench/tokenizer_bench.py [--output DIR] [--vocab-size N]
+    python -m bench.tokenizer_bench [--output DIR] [--vocab-size N]
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import pathlib
 import shutil
 import time
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 CORPUS = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinyshakespeare.txt"
 
@@ -32,23 +31,25 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=2048)
     args = parser.parse_args()
 
+    from deepseek_tfx.components import mlmd  # first: the project package sets TF_USE_LEGACY_KERAS
+
+    from deepseek_tfx.pipeline import local_runner, report
+    from deepseek_tfx.pipeline.config import PIPELINE_NAME, PipelineConfig
+    from deepseek_tfx.trainer_module.config import TokenizerConfig
+    from deepseek_tfx.trainer_module.tokenizer import load_tokenizer
+
     import sentencepiece as spm
     import tensorflow as tf
-
-    from pipeline import local_runner, report
-    from pipeline.config import PIPELINE_NAME, PipelineConfig
-    from trainer_module.config import TokenizerConfig
-    from trainer_module.tokenizer import load_tokenizer
 
     shutil.rmtree(args.output, ignore_errors=True)
     config = PipelineConfig(preset="tiny", train_steps=5, max_bits_per_byte=None,
                             tokenizer=TokenizerConfig(vocab_size=args.vocab_size))
     local_runner.run(output=args.output, config=config, corpus=str(CORPUS))
-    store = report.open_store(local_runner.sqlite_connection(os.path.join(args.output, "metadata.sqlite")))
-    tokenizer_exec = report.node_executions(store, PIPELINE_NAME, "TokenizerGen")[-1]
-    transform_exec = report.node_executions(store, PIPELINE_NAME, "Transform")[-1]
-    tokenizer_artifact = report.execution_artifacts(store, tokenizer_exec.id)["tokenizer"][0]
-    stats = report.execution_artifacts(store, transform_exec.id)["post_transform_stats"][0]
+    store = mlmd.open_store(local_runner.sqlite_connection(os.path.join(args.output, "metadata.sqlite")))
+    tokenizer_exec = mlmd.node_executions(store, PIPELINE_NAME, "TokenizerGen")[-1]
+    transform_exec = mlmd.node_executions(store, PIPELINE_NAME, "Transform")[-1]
+    tokenizer_artifact = mlmd.execution_artifacts(store, tokenizer_exec.id)["tokenizer"][0]
+    stats = mlmd.execution_artifacts(store, transform_exec.id)["post_transform_stats"][0]
     tokens = report.transformed_token_count(stats.uri)
     transform_s = _seconds(transform_exec)
 
@@ -65,9 +66,9 @@ def main() -> None:
     graph_s = time.perf_counter() - start
 
     print(f"corpus: {CORPUS.name}, {CORPUS.stat().st_size:,} bytes, {len(documents):,} documents; "
-          f"vocabulary {report.prop(tokenizer_artifact, 'vocab_size')} "
-          f"({report.prop(tokenizer_artifact, 'tokenizer_type')}), "
-          f"{report.prop(tokenizer_artifact, 'sample_size'):,} sampled lines")
+          f"vocabulary {mlmd.prop(tokenizer_artifact, 'vocab_size')} "
+          f"({mlmd.prop(tokenizer_artifact, 'tokenizer_type')}), "
+          f"{mlmd.prop(tokenizer_artifact, 'sample_size'):,} sampled lines")
     print(f"TokenizerGen component wall time: {_seconds(tokenizer_exec):.1f} s")
     print(f"Transform component wall time: {transform_s:.1f} s for {tokens:,} tokens "
           f"-> {tokens / transform_s:,.0f} tokens/s")

@@ -1,6 +1,6 @@
 """Training speed and MFU of the Trainer's loop, against the matmul peak measured in the same run.
 
-    python bench/train_bench.py [--seconds 20] [--only nanogpt|small]
+    python -m bench.train_bench [--seconds 20] [--only nanogpt|small]
 
 Shapes:
   (a) ``nanogpt``: the dense GPT switch at nanoGPT's CPU shape: 4 layers, 4 heads,
@@ -24,17 +24,16 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import tf_keras as keras  # noqa: E402
+import deepseek_tfx.trainer_module  # noqa: F401  (first: sets TF_USE_LEGACY_KERAS)
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
 
-from trainer_module.config import ConfigError, ModelConfig, TrainConfig, get_preset  # noqa: E402
-from trainer_module.flops import compute_dtype, measure_matmul_peak, training_flops_per_token  # noqa: E402
-from trainer_module.model import DeepSeekLM  # noqa: E402
-from trainer_module.train_loop import TrainLoop, make_optimizer  # noqa: E402
+from deepseek_tfx.trainer_module.config import ConfigError, ModelConfig, TrainConfig, get_preset
+from deepseek_tfx.trainer_module.flops import compute_dtype, measure_matmul_peak, training_flops_per_token
+from deepseek_tfx.trainer_module.model import DeepSeekLM
+from deepseek_tfx.trainer_module.train_loop import TrainLoop, make_optimizer
 
 SHAPES = {
     "nanogpt": (ModelConfig(vocab_size=65, d_model=128, n_layers=4, n_heads=4, context_len=64, dense=True,
@@ -45,7 +44,8 @@ SHAPES = {
 
 def random_batches(config: ModelConfig, batch: int, seed: int = 0) -> tf.data.Dataset:
     rng = np.random.default_rng(seed)
-    tokens = rng.integers(4 if config.vocab_size > 4 else 0, config.vocab_size, size=(256 * batch, config.context_len + 1))
+    low = 4 if config.vocab_size > 4 else 0
+    tokens = rng.integers(low, config.vocab_size, size=(256 * batch, config.context_len + 1))
     ds = tf.data.Dataset.from_tensor_slices((tokens[:, :-1], tokens[:, 1:]))
     return ds.repeat().batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 

@@ -12,7 +12,6 @@ while a retrained model is still compared with the model in production.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
 
 from tfx import types
 from tfx.dsl.components.common import resolver
@@ -20,12 +19,20 @@ from tfx.dsl.input_resolution.strategies.latest_blessed_model_strategy import (
     LatestBlessedModelStrategy,
 )
 
-CANDIDATE_KEY = "candidate"
-MODEL_KEY = "model"
-BLESSING_KEY = "model_blessing"
+from deepseek_tfx.components import mlmd
+from deepseek_tfx.components.mlmd import (
+    BASE_MODEL_KEY,
+    BASE_TOKENIZER_KEY,
+    CANDIDATE_KEY,
+    EXAMPLES_KEY,
+    MODEL_KEY,
+    TOKENIZER_KEY,
+)
+from deepseek_tfx.components.mlmd import MODEL_BLESSING_KEY as BLESSING_KEY
 
 
-def _latest_blessed(models, blessings) -> Dict[str, List[types.Artifact]]:
+
+def _latest_blessed(models, blessings) -> dict[str, list[types.Artifact]]:
     """{model, model_blessing}: TFX's own selection rule (latest blessed by id) over these artifacts."""
     return LatestBlessedModelStrategy()._resolve(  # noqa: SLF001
         {MODEL_KEY: list(models), BLESSING_KEY: list(blessings)}, MODEL_KEY, BLESSING_KEY)
@@ -38,8 +45,8 @@ class LatestBlessedBaselineStrategy(resolver.ResolverStrategy):
     ``candidate`` (the Trainer's output). The candidate is passed through.
     """
 
-    def resolve_artifacts(self, store, input_dict: Dict[str, List[types.Artifact]]
-                          ) -> Optional[Dict[str, List[types.Artifact]]]:
+    def resolve_artifacts(self, store, input_dict: dict[str, list[types.Artifact]]
+                          ) -> dict[str, list[types.Artifact]] | None:
         candidate_ids = {a.id for a in input_dict.get(CANDIDATE_KEY, [])}
         models = [m for m in input_dict.get(MODEL_KEY, []) if m.id not in candidate_ids]
         blessings = list(input_dict.get(BLESSING_KEY, []))
@@ -50,26 +57,7 @@ class LatestBlessedBaselineStrategy(resolver.ResolverStrategy):
         return result
 
 
-TOKENIZER_KEY = "tokenizer"
-EXAMPLES_KEY = "examples"
-
-
-def _input_ids(store, execution_id: int, key: str) -> list[int]:
-    from ml_metadata.proto import metadata_store_pb2  # noqa: PLC0415
-
-    return [e.artifact_id for e in store.get_events_by_execution_ids([execution_id])
-            if e.type == metadata_store_pb2.Event.INPUT and e.path.steps and e.path.steps[0].key == key]
-
-
-def _producer_id(store, artifact_id: int):
-    from ml_metadata.proto import metadata_store_pb2  # noqa: PLC0415
-
-    outputs = [e.execution_id for e in store.get_events_by_artifact_ids([artifact_id])
-               if e.type == metadata_store_pb2.Event.OUTPUT]
-    return outputs[0] if outputs else None
-
-
-def _inputs_if_rerun(store, execution_id: Optional[int], examples: set, key: str) -> Optional[list[int]]:
+def _inputs_if_rerun(store, execution_id: int | None, examples: set, key: str) -> list[int] | None:
     """The ids execution ``execution_id`` was given under ``key``, if its examples were exactly ``examples``.
 
     The shared rule of the strategies below: when the latest blessed model came from
@@ -77,9 +65,9 @@ def _inputs_if_rerun(store, execution_id: Optional[int], examples: set, key: str
     execution was given, so the consumer's inputs repeat and it stays cached. None
     when the examples differ (new data: use the blessed artifact itself).
     """
-    if execution_id is None or set(_input_ids(store, execution_id, EXAMPLES_KEY)) != examples:
+    if execution_id is None or set(mlmd.artifact_ids(store, execution_id, EXAMPLES_KEY)) != examples:
         return None
-    return _input_ids(store, execution_id, key)
+    return mlmd.artifact_ids(store, execution_id, key)
 
 
 class BlessedModelTokenizerStrategy(resolver.ResolverStrategy):
@@ -91,8 +79,8 @@ class BlessedModelTokenizerStrategy(resolver.ResolverStrategy):
     result is what that TokenizerGen execution was given (so its inputs repeat).
     """
 
-    def resolve_artifacts(self, store, input_dict: Dict[str, List[types.Artifact]]
-                          ) -> Optional[Dict[str, List[types.Artifact]]]:
+    def resolve_artifacts(self, store, input_dict: dict[str, list[types.Artifact]]
+                          ) -> dict[str, list[types.Artifact]] | None:
         models, blessings = input_dict.get(MODEL_KEY, []), input_dict.get(BLESSING_KEY, [])
         tokenizers = {t.id: t for t in input_dict.get(TOKENIZER_KEY, [])}
         current = {e.id for e in input_dict.get(EXAMPLES_KEY, [])}
@@ -103,17 +91,14 @@ class BlessedModelTokenizerStrategy(resolver.ResolverStrategy):
             return result
         result.update(_latest_blessed(models, blessings))
         blessed = result[MODEL_KEY]
-        trainer = _producer_id(store, blessed[0].id) if blessed else None
-        used = _input_ids(store, trainer, TOKENIZER_KEY) if trainer is not None else []
+        trainer = mlmd.producer_id(store, blessed[0].id) if blessed else None
+        used = mlmd.artifact_ids(store, trainer, TOKENIZER_KEY) if trainer is not None else []
         if not used or used[0] not in tokenizers:
             return result
-        given = _inputs_if_rerun(store, _producer_id(store, used[0]), current, "base_tokenizer")
+        given = _inputs_if_rerun(store, mlmd.producer_id(store, used[0]), current, BASE_TOKENIZER_KEY)
         result[TOKENIZER_KEY] = ([tokenizers[i] for i in given if i in tokenizers] if given is not None
                                  else [tokenizers[used[0]]])
         return result
-
-
-BASE_MODEL_KEY = "base_model"
 
 
 class WarmStartModelStrategy(resolver.ResolverStrategy):
@@ -126,8 +111,8 @@ class WarmStartModelStrategy(resolver.ResolverStrategy):
     of training again on top of its own output.
     """
 
-    def resolve_artifacts(self, store, input_dict: Dict[str, List[types.Artifact]]
-                          ) -> Optional[Dict[str, List[types.Artifact]]]:
+    def resolve_artifacts(self, store, input_dict: dict[str, list[types.Artifact]]
+                          ) -> dict[str, list[types.Artifact]] | None:
         models, blessings = input_dict.get(MODEL_KEY, []), input_dict.get(BLESSING_KEY, [])
         current = {e.id for e in input_dict.get(EXAMPLES_KEY, [])}
         result = {MODEL_KEY: [], BLESSING_KEY: [], EXAMPLES_KEY: list(input_dict.get(EXAMPLES_KEY, []))}
@@ -136,7 +121,7 @@ class WarmStartModelStrategy(resolver.ResolverStrategy):
         latest = _latest_blessed(models, blessings)
         if not latest[MODEL_KEY]:
             return result
-        given = _inputs_if_rerun(store, _producer_id(store, latest[MODEL_KEY][0].id), current, BASE_MODEL_KEY)
+        given = _inputs_if_rerun(store, mlmd.producer_id(store, latest[MODEL_KEY][0].id), current, BASE_MODEL_KEY)
         if given is not None:
             by_id = {m.id: m for m in models}
             result[MODEL_KEY] = [by_id[i] for i in given if i in by_id]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Optional
+from typing import Any
 
 from absl import logging
 from tfx import v1 as tfx
@@ -36,7 +36,7 @@ from tfx.proto import pusher_pb2
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import io_utils, path_utils, proto_utils
 
-from trainer_module.export import read_export_config
+from deepseek_tfx.trainer_module.export import read_export_config
 
 COMPARED_BY = "compared_by"
 PERPLEXITY, BITS_PER_BYTE = "Perplexity", "BitsPerByte"
@@ -48,13 +48,13 @@ class GateError(RuntimeError):
     """The gate or the push cannot go ahead; the message says why."""
 
 
-def tokenizer_fingerprint(model_artifact) -> Optional[str]:
+def tokenizer_fingerprint(model_artifact) -> str | None:
     """The fingerprint an exported model recorded for its tokenizer (None for older exports)."""
     config = read_export_config(path_utils.serving_model_path(model_artifact.uri))
     return config.get("tokenizer_fingerprint") if config else None
 
 
-def comparison_metric(candidate, baseline) -> Optional[str]:
+def comparison_metric(candidate, baseline) -> str | None:
     """Which metric compares ``candidate`` with ``baseline``: None without a baseline."""
     if baseline is None:
         return None
@@ -118,7 +118,7 @@ def numeric_versions(base: str) -> list[int]:
     return sorted(int(n.rstrip("/")) for n in fileio.listdir(base) if n.rstrip("/").isdigit())
 
 
-def next_version(base: str, now: Optional[float] = None) -> int:
+def next_version(base: str, now: float | None = None) -> int:
     """Unix seconds, or one more than the newest version there when that is later."""
     existing = numeric_versions(base)
     return max(int(now if now is not None else time.time()), (existing[-1] + 1) if existing else 0)
@@ -177,7 +177,7 @@ class AtomicPusher(tfx.components.Pusher):
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(_AtomicPusherExecutor)
 
     def __init__(self, model, model_blessing, push_destination, keep_versions: int = 0,
-                 custom_config: Optional[dict[str, Any]] = None):
+                 custom_config: dict[str, Any] | None = None):
         if keep_versions < 0:
             raise GateError(f"keep_versions must be >= 0, got {keep_versions}")
         super().__init__(model=model, model_blessing=model_blessing, push_destination=push_destination,

@@ -16,27 +16,17 @@ or Vertex AI.
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional
 
 from tfx import types
 from tfx.dsl.components.common import resolver
 
-EXAMPLES_KEY = "examples"
+from deepseek_tfx.components import mlmd
+from deepseek_tfx.components.mlmd import EXAMPLES_KEY, SPAN_PROPERTY
 
 log = logging.getLogger(__name__)
 
 
-def span_of(artifact: types.Artifact) -> int:
-    """ExampleGen's ``span`` custom property (older TFX stored it as a string)."""
-    text = artifact.get_string_custom_property("span")
-    return int(text) if text else artifact.get_int_custom_property("span")
-
-
-def _version_of(artifact: types.Artifact) -> int:
-    return artifact.get_int_custom_property("version") if artifact.has_custom_property("version") else 0
-
-
-def select_window(candidates: List[types.Artifact], num_spans: int) -> List[types.Artifact]:
+def select_window(candidates: list[types.Artifact], num_spans: int) -> list[types.Artifact]:
     """One artifact per span in [newest - num_spans + 1, newest], oldest span first.
 
     ``newest`` is the highest span among ``candidates``. Each span contributes its
@@ -45,13 +35,13 @@ def select_window(candidates: List[types.Artifact], num_spans: int) -> List[type
     """
     if num_spans < 1:
         raise ValueError(f"num_spans must be >= 1, got {num_spans}")
-    chosen: Dict[int, types.Artifact] = {}
+    chosen: dict[int, types.Artifact] = {}
     for artifact in candidates:
-        if not artifact.has_custom_property("span"):
+        if not mlmd.has_prop(artifact, SPAN_PROPERTY):
             raise RuntimeError(f"Examples artifact #{artifact.id} ({artifact.uri}) has no span property")
-        span = span_of(artifact)
+        span = mlmd.span(artifact)
         best = chosen.get(span)
-        if best is None or (_version_of(artifact), artifact.id) > (_version_of(best), best.id):
+        if best is None or (mlmd.version(artifact), artifact.id) > (mlmd.version(best), best.id):
             chosen[span] = artifact
     if not chosen:
         return []
@@ -75,10 +65,10 @@ class LastSpansStrategy(resolver.ResolverStrategy):
     def __init__(self, num_spans: int):
         self._num_spans = int(num_spans)
 
-    def resolve_artifacts(self, store, input_dict: Dict[str, List[types.Artifact]]
-                          ) -> Optional[Dict[str, List[types.Artifact]]]:
+    def resolve_artifacts(self, store, input_dict: dict[str, list[types.Artifact]]
+                          ) -> dict[str, list[types.Artifact]] | None:
         window = select_window(list(input_dict.get(EXAMPLES_KEY, [])), self._num_spans)
         if not window:
             return None
-        log.info("Training window: span(s) %s", [span_of(a) for a in window])
+        log.info("Training window: span(s) %s", [mlmd.span(a) for a in window])
         return {EXAMPLES_KEY: window}

@@ -27,7 +27,7 @@ import gzip
 import io
 import json
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import tensorflow as tf
 
@@ -35,7 +35,6 @@ PLAIN_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".rst")
 JSONL_SUFFIXES = (".jsonl",)
 SUPPORTED_SUFFIXES = PLAIN_SUFFIXES + JSONL_SUFFIXES
 BINARY_SNIFF_BYTES = 8192
-READ_BLOCK_BYTES = 1 << 20
 
 
 class CorpusError(ValueError):

@@ -21,7 +21,7 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any, Optional
+from typing import Any
 
 import apache_beam as beam
 import tensorflow as tf
@@ -32,9 +32,9 @@ from tfx.proto import example_gen_pb2, range_config_pb2
 from tfx.types import artifact_utils, channel, standard_artifacts, standard_component_specs
 from tfx.types.component_spec import ExecutionParameter
 
-from components import text_corpus
+from deepseek_tfx.components import text_corpus
 
-log = logging.getLogger(f"deepseek_tfx.{__name__}")
+log = logging.getLogger(__name__)
 TEXT_FEATURE = "text"
 SUMMARY_FILE = "corpus_summary.json"
 MAX_DOCUMENT_CHARS_KEY = "max_document_chars"
@@ -183,7 +183,7 @@ class TextExampleGen(FileBasedExampleGen):
 
     def __init__(self, input_base: str, input_pattern: str = "*", eval_fraction: float = 0.1,
                  max_document_chars: int = 4096, text_field: str = "text",
-                 range_config: Optional[range_config_pb2.RangeConfig] = None):
+                 range_config: range_config_pb2.RangeConfig | None = None):
         if not 0.0 < eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be within (0, 1), got {eval_fraction}")
         if max_document_chars < 64:

@@ -9,7 +9,7 @@ both (lineage and caching see it), and no stage guesses another's paths.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from tfx import types
 from tfx.components.trainer import executor as trainer_executor
@@ -22,16 +22,16 @@ from tfx.types import artifact_utils, standard_artifacts, standard_component_spe
 from tfx.types.component_spec import ChannelParameter
 from tfx.utils import json_utils
 
-from components.tokenizer_gen import Tokenizer
+from deepseek_tfx.components.mlmd import TOKENIZER_KEY
+from deepseek_tfx.components.tokenizer_gen import Tokenizer
+from deepseek_tfx.trainer_module.tokenizer import TOKENIZER_DIR_KEY
 
-TOKENIZER_KEY = "tokenizer"
-TOKENIZER_DIR = "tokenizer_dir"
 
 
 def _with_tokenizer_dir(input_dict, exec_properties) -> tuple[dict, dict]:
     tokenizer = artifact_utils.get_single_instance(input_dict[TOKENIZER_KEY])
     custom = json.loads(exec_properties.get(standard_component_specs.CUSTOM_CONFIG_KEY) or "null") or {}
-    custom[TOKENIZER_DIR] = tokenizer.uri
+    custom[TOKENIZER_DIR_KEY] = tokenizer.uri
     exec_properties = {**exec_properties, standard_component_specs.CUSTOM_CONFIG_KEY: json.dumps(custom)}
     return {k: v for k, v in input_dict.items() if k != TOKENIZER_KEY}, exec_properties
 
@@ -102,7 +102,7 @@ class TokenizingTransform(base_beam_component.BaseBeamComponent):
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(_TransformExecutor)
 
     def __init__(self, examples, schema, tokenizer, preprocessing_fn: str,
-                 custom_config: Optional[dict[str, Any]] = None):
+                 custom_config: dict[str, Any] | None = None):
         channel = types.Channel
         super().__init__(spec=TokenizingTransformSpec(
             examples=examples, schema=schema, tokenizer=tokenizer, preprocessing_fn=preprocessing_fn,
@@ -132,8 +132,8 @@ class TokenizingTrainer(base_component.BaseComponent):
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(_TrainerExecutor)
 
     def __init__(self, examples, transform_graph, schema, tokenizer, run_fn: str,
-                 train_args: trainer_pb2.TrainArgs, eval_args: Optional[trainer_pb2.EvalArgs] = None,
-                 base_model=None, custom_config: Optional[dict[str, Any]] = None):
+                 train_args: trainer_pb2.TrainArgs, eval_args: trainer_pb2.EvalArgs | None = None,
+                 base_model=None, custom_config: dict[str, Any] | None = None):
         super().__init__(spec=TokenizingTrainerSpec(
             examples=examples, transform_graph=transform_graph, schema=schema, tokenizer=tokenizer,
             base_model=base_model, run_fn=run_fn, train_args=train_args,

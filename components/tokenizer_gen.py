@@ -31,10 +31,12 @@ from tfx.dsl.components.base import base_beam_component, base_beam_executor, exe
 from tfx.types import artifact_utils, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ExecutionParameter
 
-from trainer_module.config import TokenizerConfig
-from trainer_module.tokenizer import BOS_ID, EOS_ID, INFO_FILE, MODEL_FILE, PAD_ID, UNK_ID, ByteTokenizer
+from deepseek_tfx.components import mlmd
+from deepseek_tfx.components.mlmd import BASE_TOKENIZER_KEY, EXAMPLES_KEY, SPAN_PROPERTY, TOKENIZER_KEY
+from deepseek_tfx.trainer_module.config import TokenizerConfig
+from deepseek_tfx.trainer_module.tokenizer import BOS_ID, EOS_ID, INFO_FILE, MODEL_FILE, PAD_ID, UNK_ID, ByteTokenizer
 
-log = logging.getLogger(f"deepseek_tfx.{__name__}")
+log = logging.getLogger(__name__)
 
 VOCAB_FILE = "tokenizer.vocab"
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
@@ -113,13 +115,11 @@ class Executor(base_beam_executor.BaseBeamExecutor):
     """Samples the train split with Beam, then trains (or carries over) the tokenizer."""
 
     def Do(self, input_dict, output_dict, exec_properties) -> None:  # noqa: N802
-        examples = list(input_dict["examples"])  # one per span of the window (retrain --last-spans)
-        tokenizer = artifact_utils.get_single_instance(output_dict["tokenizer"])
+        examples = list(input_dict[EXAMPLES_KEY])  # one per span of the window (retrain --last-spans)
+        tokenizer = artifact_utils.get_single_instance(output_dict[TOKENIZER_KEY])
         # ExampleGen records the span as a custom property; the tokenizer carries the newest.
-        tokenizer.set_int_custom_property(
-            "span", max(e.get_int_custom_property("span") if e.has_custom_property("span") else 0
-                        for e in examples))
-        base = input_dict.get("base_tokenizer") or []
+        tokenizer.set_int_custom_property(SPAN_PROPERTY, max(mlmd.span(e) for e in examples))
+        base = input_dict.get(BASE_TOKENIZER_KEY) or []
         if base:
             self._carry_over(base[0], tokenizer)
             return
@@ -190,10 +190,10 @@ class TokenizerGenSpec(types.ComponentSpec):
         "seed": ExecutionParameter(type=int),
     }
     INPUTS = {
-        "examples": ChannelParameter(type=standard_artifacts.Examples),
-        "base_tokenizer": ChannelParameter(type=Tokenizer, optional=True),
+        EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
+        BASE_TOKENIZER_KEY: ChannelParameter(type=Tokenizer, optional=True),
     }
-    OUTPUTS = {"tokenizer": ChannelParameter(type=Tokenizer)}
+    OUTPUTS = {TOKENIZER_KEY: ChannelParameter(type=Tokenizer)}
 
 
 class TokenizerGen(base_beam_component.BaseBeamComponent):

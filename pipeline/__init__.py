@@ -1,7 +1,3 @@
 """Pipeline definition (create_pipeline), configuration, runners and the CLI."""
 
-import os
-
-# tft 1.16 and TFMA 0.47 run on tf_keras (Keras 2); this must be set before
-# TensorFlow is first imported, so every package of the project sets it.
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import deepseek_tfx.trainer_module  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)

@@ -8,9 +8,8 @@ import os
 import re
 import sys
 import warnings
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before anything imports TensorFlow
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # google-api-core warns about Python 3.10 on every import, also in each Beam worker process.
 os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
@@ -119,7 +118,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _add_config_args(parser) -> None:
     """Model, gate and tokenizer options shared by run, retrain and compile."""
-    from trainer_module.config import PAPER_PRESETS, PRESETS  # light import: dataclasses only
+    from deepseek_tfx.trainer_module.config import PAPER_PRESETS, PRESETS  # light import: dataclasses only
 
     parser.add_argument("--preset", default="small", choices=sorted(set(PRESETS) - set(PAPER_PRESETS)),
                         help="model preset (default: small); the paper-sized presets are counted, not built")
@@ -158,8 +157,8 @@ def _add_local_args(parser) -> None:
 
 
 def _config_from_args(args):
-    from pipeline.config import PipelineConfig
-    from trainer_module.config import TokenizerConfig
+    from deepseek_tfx.pipeline.config import PipelineConfig
+    from deepseek_tfx.trainer_module.config import TokenizerConfig
 
     tokenizer = TokenizerConfig(kind=args.tokenizer, model_type=args.tokenizer_model, vocab_size=args.vocab_size)
     return PipelineConfig(preset=args.preset, train_steps=args.train_steps,
@@ -172,7 +171,7 @@ def _config_from_args(args):
 
 
 def _cmd_generate(args) -> int:
-    from serving import client
+    from deepseek_tfx.serving import client
 
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                    seed=args.seed)
@@ -184,72 +183,28 @@ def _cmd_generate(args) -> int:
     except Exception as e:  # connection refused, HTTP error, unknown model: say which server said what
         print(f"deepseek-tfx: error: {args.server or args.grpc}: {e}", file=sys.stderr)
         return EXIT_FAILED
-    for prompt, text in zip(args.prompt, texts):
+    for prompt, text in zip(args.prompt, texts, strict=True):
         print(prompt + text)
     return 0
 
 
-def _metadata(kind: str, output: str):
-    from pipeline import local_runner
+def _metadata(args):
+    from deepseek_tfx.pipeline import local_runner
 
-    if kind == "mysql":
-        return local_runner.mysql_connection(dict(os.environ))
-    return local_runner.sqlite_connection(local_runner.Layout(os.path.abspath(output)).metadata_path)
-
-
-def _spans(spans) -> str:
-    """'span 3' or 'spans 2, 3'."""
-    spans = list(spans or [])
-    if len(spans) == 1:
-        return f"span {spans[0]}"
-    return f"spans {', '.join(map(str, spans))}" if spans else "span n/a"
-
-
-def format_summary(summary: dict) -> str:
-    def num(key, fmt="{:,}"):
-        value = summary.get(key)
-        return "n/a" if value is None else fmt.format(value)
-
-    lines = [
-        "",
-        "deepseek-tfx run summary",
-        f"  corpus:        {summary.get('corpus')} ({_spans(summary.get('spans'))})",
-        f"  read:          {num('documents')} documents, {num('bytes')} bytes from {num('files')} file(s)"
-        f"; {num('replaced_invalid_utf8')} invalid UTF-8 sequence(s) replaced"
-        + (" (the newest span)" if len(summary.get("spans") or []) > 1 else ""),
-        f"  tokens:        {num('corpus_tokens')} in the corpus; trained on {num('train_tokens')}",
-        f"  training:      {num('train_steps')} steps, {num('parameters')} parameters, "
-        f"{num('train_tokens_per_second', '{:,.0f}')} tokens/s (MFU {num('train_mfu', '{:.1%}')}), "
-        f"last loss {num('final_train_loss', '{:.4f}')}; {summary.get('warm_start') or 'n/a'}",
-        f"  evaluation:    perplexity {num('eval_perplexity', '{:.3f}')}, bits per byte "
-        f"{num('eval_bits_per_byte', '{:.4f}')} on {num('eval_examples', '{:,.0f}')} eval examples",
-        f"  blessed:       {'yes' if summary.get('blessed') else 'no'}",
-    ]
-    if summary.get("pushed_model_path"):
-        lines.append(f"  pushed model:  {summary['pushed_model_path']} (version {summary['pushed_version']})")
-        if summary.get("serve_command"):
-            lines.append(f"  serve it:      {summary['serve_command']}")
-            lines.append(f"  configs:       {', '.join(sorted(summary.get('serving_configs', {}).values()))}")
-    else:
-        lines.append("  pushed model:  none (not blessed)")
-    lines.append(f"  ML Metadata:   {summary.get('metadata')}")
-    return "\n".join(lines)
+    return local_runner.metadata_connection(args.metadata, args.output, dict(os.environ))
 
 
 def _cmd_run(args) -> int:
-    from components.text_corpus import CorpusError
-    from pipeline import corpus as corpus_lib
-    from pipeline import local_runner
-    from trainer_module.config import ConfigError
+    from deepseek_tfx.components.text_corpus import CorpusError
+    from deepseek_tfx.pipeline import local_runner, report
+    from deepseek_tfx.trainer_module.config import ConfigError
 
-    if args.command == "retrain" and not corpus_lib.span_numbers(args.corpus):
-        print(f"deepseek-tfx: error: retrain needs a corpus laid out in spans ({args.corpus}/span-1/, "
-              f"span-2/, ...); found no span-N directory", file=sys.stderr)
-        return EXIT_USAGE
     try:
+        if args.command == "retrain":
+            local_runner.require_spans(args.corpus)
         config = _config_from_args(args)
-        metadata = _metadata(args.metadata, args.output)
-    except (ConfigError, ValueError) as e:
+        metadata = _metadata(args)
+    except (CorpusError, ConfigError, ValueError) as e:
         print(f"deepseek-tfx: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -261,43 +216,29 @@ def _cmd_run(args) -> int:
     except Exception as e:  # a component failed: show the root cause, not Beam's wrapping
         print(f"deepseek-tfx: pipeline failed: {_root_cause(e)}", file=sys.stderr)
         return EXIT_FAILED
-    print(format_summary(summary))
+    print(report.format_summary(summary))
     return 0
 
 
-
 def _cmd_compile(args) -> int:
-    from components.tokenizer_consumers import vertex_training_config
-    from pipeline import kubeflow_runner
-    from trainer_module.config import ConfigError
+    from deepseek_tfx.pipeline import kubeflow_runner
+    from deepseek_tfx.trainer_module.config import ConfigError
 
-    needs_cloud = args.vertex_training_replicas is not None or args.dataflow
-    if needs_cloud and not (args.project and args.region):
-        print("deepseek-tfx: error: --vertex-training-replicas and --dataflow need --project and --region",
-              file=sys.stderr)
-        return EXIT_USAGE
     try:
-        config = _config_from_args(args)
-        vertex = (vertex_training_config(args.project, args.region, args.image, args.vertex_training_replicas)
-                  if args.vertex_training_replicas is not None else None)
+        path = kubeflow_runner.compile_pipeline(
+            engine=args.engine, image=args.image, pipeline_root=args.pipeline_root, corpus=args.corpus,
+            corpus_pattern=args.corpus_pattern, serving_dir=args.serving_dir, config=_config_from_args(args),
+            output=args.output, beam_args=args.beam_arg, vertex_training_replicas=args.vertex_training_replicas,
+            dataflow=args.dataflow, project=args.project, region=args.region)
     except (ConfigError, ValueError) as e:
         print(f"deepseek-tfx: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    beam = list(args.beam_arg)
-    if args.dataflow:
-        beam = kubeflow_runner.dataflow_beam_args(args.project, args.region,
-                                                  f"{args.pipeline_root.rstrip('/')}/tmp", args.image) + beam
-    path = kubeflow_runner.compile_pipeline(
-        engine=args.engine, image=args.image, pipeline_root=args.pipeline_root, corpus=args.corpus,
-        corpus_pattern=args.corpus_pattern,
-        serving_dir=args.serving_dir or f"{args.pipeline_root.rstrip('/')}/serving_model/{config.model_name}",
-        config=config, output=args.output, beam_args=beam, vertex_training=vertex)
     print(path)
     return 0
 
 
 def _cmd_submit(args) -> int:
-    from pipeline import kubeflow_runner
+    from deepseek_tfx.pipeline import kubeflow_runner
 
     if not os.path.exists(args.package):
         print(f"deepseek-tfx: error: no compiled pipeline at {args.package}; run `deepseek-tfx compile` first",
@@ -338,23 +279,13 @@ def _root_cause(error: BaseException) -> str:
 
 
 def _cmd_lineage(args) -> int:
-    from pipeline import report
+    from deepseek_tfx.pipeline import report
 
-    connection = _metadata(args.metadata, args.output)
-    if connection.HasField("sqlite") and not os.path.exists(connection.sqlite.filename_uri):
-        print(f"deepseek-tfx: error: no ML Metadata at {connection.sqlite.filename_uri}; "
-              "run `deepseek-tfx run` first", file=sys.stderr)
+    try:
+        print(report.lineage_text(_metadata(args)))
+    except (report.NothingToReportError, ValueError) as e:
+        print(f"deepseek-tfx: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    store = report.open_store(connection)
-    pushed = report.latest_pushed_model(store)
-    if pushed is None:
-        print("deepseek-tfx: error: no pushed model in ML Metadata yet", file=sys.stderr)
-        return EXIT_USAGE
-    for row in report.pushed_versions(store):
-        print(f"version {row['version']}: trained on {_spans(row['spans'])} ({', '.join(row['examples_uris'])})"
-              f" -> {row['path']}")
-    print()
-    print("\n".join(report.lineage_lines(store, pushed)))
     return 0
 
 
@@ -388,7 +319,7 @@ def _setup_logging() -> None:
     logging.getLogger("apache_beam.runners.portability.local_job_service").addFilter(_DropBeamWorkerChatter())
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     _setup_logging()
     args = _build_parser().parse_args(argv)

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from collections.abc import Mapping
+from typing import Any
 
-from trainer_module.config import ConfigError, TokenizerConfig, get_preset, require_field
+from deepseek_tfx.trainer_module.config import ConfigError, TokenizerConfig, get_preset, require_field
 
 PIPELINE_NAME = "deepseek-tfx"
 MODEL_NAME = "deepseek"
+
+# Node ids of the components that the run summary reads back (ML Metadata contexts "<pipeline>.<node>").
+EXAMPLE_GEN = "TextExampleGen"
+TRANSFORM = "Transform"
+TRAINER = "Trainer"
+EVALUATOR = "Evaluator"
+PUSHER = "Pusher"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,7 +25,7 @@ class PipelineConfig:
 
     preset: str = "small"
     """Model preset (see trainer_module.config.PRESETS)."""
-    train_steps: Optional[int] = None
+    train_steps: int | None = None
     """Trainer steps; None takes the preset's."""
     eval_fraction: float = 0.1
     """Share of documents hashed into the eval split."""
@@ -25,9 +33,9 @@ class PipelineConfig:
     """Longer documents are split into chunks of at most this many characters."""
     text_field: str = "text"
     """Field that holds the text in .jsonl corpora."""
-    max_perplexity: Optional[float] = None
+    max_perplexity: float | None = None
     """Absolute upper bound on eval perplexity for blessing; None: no bound on perplexity."""
-    max_bits_per_byte: Optional[float] = 4.0
+    max_bits_per_byte: float | None = 4.0
     """Absolute upper bound on eval bits per byte for blessing (8.0 is a uniform guess over bytes)."""
     regression_tolerance: float = 0.0
     """A candidate may be worse than the last blessed model by at most this much perplexity."""
@@ -51,24 +59,24 @@ class PipelineConfig:
         name = type(self).__name__
         get_preset(self.preset)
         require_field(self.train_steps is None or self.train_steps > 0, name, "train_steps",
-                 f"must be > 0, got {self.train_steps}")
+                      f"must be > 0, got {self.train_steps}")
         require_field(0.0 < self.eval_fraction < 1.0, name, "eval_fraction",
-                 f"must be within (0, 1), got {self.eval_fraction}")
+                      f"must be within (0, 1), got {self.eval_fraction}")
         require_field(self.max_document_chars >= 64, name, "max_document_chars",
-                 f"must be >= 64, got {self.max_document_chars}")
+                      f"must be >= 64, got {self.max_document_chars}")
         require_field(self.max_perplexity is None or self.max_perplexity > 1.0, name, "max_perplexity",
-                 f"must be > 1, got {self.max_perplexity}")
+                      f"must be > 1, got {self.max_perplexity}")
         require_field(self.max_bits_per_byte is None or self.max_bits_per_byte > 0, name,
-                 "max_bits_per_byte", f"must be > 0, got {self.max_bits_per_byte}")
+                      "max_bits_per_byte", f"must be > 0, got {self.max_bits_per_byte}")
         require_field(self.regression_tolerance >= 0, name, "regression_tolerance",
-                 f"must be >= 0, got {self.regression_tolerance}")
+                      f"must be >= 0, got {self.regression_tolerance}")
         require_field(self.bpb_regression_tolerance >= 0, name, "bpb_regression_tolerance",
-                 f"must be >= 0, got {self.bpb_regression_tolerance}")
+                      f"must be >= 0, got {self.bpb_regression_tolerance}")
         require_field(self.keep_versions >= 0, name, "keep_versions",
-                 f"must be >= 0 (0 keeps all), got {self.keep_versions}")
+                      f"must be >= 0 (0 keeps all), got {self.keep_versions}")
         require_field(self.last_spans >= 1, name, "last_spans", f"must be >= 1, got {self.last_spans}")
         require_field(bool(self.model_name) and "/" not in self.model_name, name, "model_name",
-                 f"must be a non-empty directory name, got {self.model_name!r}")
+                      f"must be a non-empty directory name, got {self.model_name!r}")
 
     def trainer_custom_config(self) -> dict[str, Any]:
         """The Trainer's custom_config: the preset's model and train configs."""
@@ -79,8 +87,31 @@ class PipelineConfig:
     def resolved_train_steps(self) -> int:
         return self.train_steps or get_preset(self.preset).train.train_steps
 
-    def replace(self, **changes) -> "PipelineConfig":
+    @property
+    def resolved_eval_batches(self) -> int:
+        """The Trainer's EvalArgs.num_steps: the preset's eval batches (0: no sampled eval loss)."""
+        return get_preset(self.preset).train.eval_batches
+
+    def replace(self, **changes) -> PipelineConfig:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["PipelineConfig", "ConfigError", "PIPELINE_NAME", "MODEL_NAME"]
+def config_from_env(env: Mapping[str, str]) -> PipelineConfig:
+    """PipelineConfig for the root-level runners, which the tfx CLI starts with no arguments.
+
+    ``DEEPSEEK_TFX_PRESET`` and ``DEEPSEEK_TFX_TRAIN_STEPS`` override the dataclass defaults when set.
+    """
+    overrides: dict[str, Any] = {}
+    if env.get("DEEPSEEK_TFX_PRESET"):
+        overrides["preset"] = env["DEEPSEEK_TFX_PRESET"]
+    if env.get("DEEPSEEK_TFX_TRAIN_STEPS"):
+        try:
+            overrides["train_steps"] = int(env["DEEPSEEK_TFX_TRAIN_STEPS"])
+        except ValueError:
+            raise ConfigError(f"DEEPSEEK_TFX_TRAIN_STEPS must be an integer, got {env['DEEPSEEK_TFX_TRAIN_STEPS']!r}"
+                              ) from None
+    return PipelineConfig(**overrides)
+
+
+__all__ = ["PipelineConfig", "ConfigError", "config_from_env", "PIPELINE_NAME", "MODEL_NAME", "EXAMPLE_GEN",
+           "TRANSFORM", "TRAINER", "EVALUATOR", "PUSHER"]

@@ -14,7 +14,7 @@ import re
 
 import tensorflow as tf
 
-from components import text_corpus
+from deepseek_tfx.components import text_corpus
 
 SPAN_DIR = re.compile(r"^span-(\d+)$")
 _GLOB_CHARS = set("*?[{")

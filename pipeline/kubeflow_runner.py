@@ -17,14 +17,42 @@ Python 3.11), or the ``kfp`` CLI with the compiled YAML.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from pipeline.config import PIPELINE_NAME, PipelineConfig
-from pipeline.pipeline import create_pipeline
+from deepseek_tfx.components.tokenizer_consumers import vertex_training_config
+from deepseek_tfx.pipeline.config import PIPELINE_NAME, ConfigError, PipelineConfig
+from deepseek_tfx.pipeline.pipeline import create_pipeline
 
 ENGINES = ("vertex", "kubeflow")
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteLayout:
+    """Paths of one Vertex / Kubeflow deployment, under ``pipeline_root`` (mirrors local_runner.Layout).
+
+    ``serving_dir`` overrides the Pusher's destination (default ``PIPELINE_ROOT/serving_model/<model_name>``).
+    """
+
+    pipeline_root: str
+    model_name: str = PipelineConfig.model_name
+    serving_dir: str | None = None
+
+    @property
+    def root(self) -> str:
+        return self.pipeline_root.rstrip("/")
+
+    @property
+    def serving_model_dir(self) -> str:
+        return self.serving_dir or f"{self.root}/serving_model/{self.model_name}"
+
+    @property
+    def temp_location(self) -> str:
+        """Dataflow's temp and staging location."""
+        return f"{self.root}/tmp"
 
 
 def dataflow_beam_args(project: str, region: str, temp_location: str, image: str) -> list[str]:
@@ -34,31 +62,59 @@ def dataflow_beam_args(project: str, region: str, temp_location: str, image: str
             "--experiments=use_runner_v2"]
 
 
-def compile_pipeline(*, engine: str, image: str, pipeline_root: str, corpus: str, corpus_pattern: str,
-                     serving_dir: str,
-                     config: PipelineConfig, output: Optional[str] = None,
-                     beam_args: Sequence[str] = (), vertex_training: Optional[dict] = None,
-                     pipeline_name: str = PIPELINE_NAME) -> str:
-    """Compiles the pipeline for ``engine``; writes it to ``output`` and returns its path.
+def build_pipeline(*, image: str, pipeline_root: str, corpus: str, corpus_pattern: str, config: PipelineConfig,
+                   serving_dir: str | None = None, beam_args: Sequence[str] = (),
+                   vertex_training_replicas: int | None = None, dataflow: bool = False,
+                   project: str | None = None, region: str | None = None,
+                   pipeline_name: str = PIPELINE_NAME):
+    """The pipeline as it compiles for Vertex AI / Kubeflow Pipelines (portable resolvers, remote paths).
 
     Args:
-        engine: ``vertex`` (PipelineJob JSON) or ``kubeflow`` (pipeline spec YAML).
         image: the pipeline image (see the Dockerfile) every step runs in.
         pipeline_root: where the engine writes artifacts (e.g. gs://bucket/root).
         corpus: directory (e.g. gs://bucket/corpus) the pattern is relative to; it is read
             when the pipeline runs, not now.
         corpus_pattern: glob under ``corpus``; ``span-{SPAN}/*`` (the default on the command
             line) selects the latest span at each run, as locally.
-        serving_dir: the Pusher's destination, ``<serving_dir>/<numeric version>/``.
+        serving_dir: the Pusher's destination, ``<serving_dir>/<numeric version>/`` (default: RemoteLayout's).
+        beam_args: extra Beam options (after the Dataflow ones, so they win).
+        vertex_training_replicas: train as a Vertex AI custom job with this many replicas.
+        dataflow: run the Beam-based components on Dataflow.
+        project, region: Google Cloud project and region (needed by the two options above).
+
+    Raises:
+        ConfigError: a cloud option without ``project`` and ``region``.
     """
-    from tfx import v1 as tfx  # noqa: PLC0415
+    if (vertex_training_replicas is not None or dataflow) and not (project and region):
+        raise ConfigError("--vertex-training-replicas and --dataflow need --project and --region")
+    layout = RemoteLayout(pipeline_root, config.model_name, serving_dir)
+    vertex = (vertex_training_config(project, region, image, vertex_training_replicas)
+              if vertex_training_replicas is not None else None)
+    beam = [*(dataflow_beam_args(project, region, layout.temp_location, image) if dataflow else []), *beam_args]
+    return create_pipeline(
+        pipeline_name=pipeline_name, pipeline_root=pipeline_root, corpus_base=corpus, corpus_pattern=corpus_pattern,
+        serving_model_dir=layout.serving_model_dir, config=config, beam_pipeline_args=beam,
+        portable_resolvers=True, vertex_training=vertex)
+
+
+def compile_pipeline(*, engine: str, image: str, output: str | None = None,
+                     pipeline_name: str = PIPELINE_NAME, **options) -> str:
+    """Compiles the pipeline for ``engine``; writes it to ``output`` and returns its path.
+
+    Args:
+        engine: ``vertex`` (PipelineJob JSON) or ``kubeflow`` (pipeline spec YAML).
+        image: the pipeline image (see the Dockerfile) every step runs in.
+        output: the file to write (default: ``<pipeline name>.json`` or ``.yaml``).
+        **options: the rest of ``build_pipeline``'s arguments.
+
+    Raises:
+        ConfigError: an unknown engine, or as ``build_pipeline``.
+    """
+    from tfx import v1 as tfx  # noqa: PLC0415  (TFX's Kubeflow V2 runner: only when compiling)
 
     if engine not in ENGINES:
-        raise ValueError(f"--engine must be one of {ENGINES}, got {engine!r}")
-    pipeline = create_pipeline(
-        pipeline_name=pipeline_name, pipeline_root=pipeline_root, corpus_base=corpus, corpus_pattern=corpus_pattern,
-        serving_model_dir=serving_dir, config=config, beam_pipeline_args=list(beam_args),
-        portable_resolvers=True, vertex_training=vertex_training)
+        raise ConfigError(f"--engine must be one of {ENGINES}, got {engine!r}")
+    pipeline = build_pipeline(image=image, pipeline_name=pipeline_name, **options)
     output = output or f"{pipeline_name}.{'json' if engine == 'vertex' else 'yaml'}"
     runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
         config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(default_image=image))
@@ -75,7 +131,7 @@ def compile_pipeline(*, engine: str, image: str, pipeline_root: str, corpus: str
 
 
 def submit_vertex(package: str, *, project: str, region: str, pipeline_root: str,
-                  schedule: Optional[str] = None, aiplatform: Any = None,
+                  schedule: str | None = None, aiplatform: Any = None,
                   display_name: str = PIPELINE_NAME) -> Any:
     """Runs (or, with a cron ``schedule``, schedules) a compiled PipelineJob on Vertex AI Pipelines."""
     if aiplatform is None:
@@ -89,7 +145,7 @@ def submit_vertex(package: str, *, project: str, region: str, pipeline_root: str
     return job
 
 
-def submit_kubeflow(package: str, *, host: str, schedule: Optional[str] = None, client_factory: Any = None,
+def submit_kubeflow(package: str, *, host: str, schedule: str | None = None, client_factory: Any = None,
                     experiment: str = PIPELINE_NAME, run_name: str = PIPELINE_NAME) -> Any:
     """Runs (or, with a cron ``schedule``, schedules) a compiled pipeline on Kubeflow Pipelines."""
     if client_factory is None:

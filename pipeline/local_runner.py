@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ml_metadata.proto import metadata_store_pb2
 from tfx import v1 as tfx
 
-from pipeline import corpus as corpus_lib
-from pipeline import report
-from pipeline.config import PIPELINE_NAME, PipelineConfig
-from pipeline.pipeline import create_ingest_pipeline, create_pipeline
-from serving import tf_serving
+from deepseek_tfx.components import mlmd
+from deepseek_tfx.components.text_corpus import CorpusError
+from deepseek_tfx.pipeline import corpus as corpus_lib
+from deepseek_tfx.pipeline import report
+from deepseek_tfx.pipeline.config import EXAMPLE_GEN, PIPELINE_NAME, PipelineConfig
+from deepseek_tfx.pipeline.pipeline import create_ingest_pipeline, create_pipeline
+from deepseek_tfx.serving import tf_serving
 
 MYSQL_ENV = ("DEEPSEEK_TFX_MYSQL_HOST", "DEEPSEEK_TFX_MYSQL_PORT", "DEEPSEEK_TFX_MYSQL_DATABASE",
              "DEEPSEEK_TFX_MYSQL_USER", "DEEPSEEK_TFX_MYSQL_PASSWORD")
@@ -56,12 +58,12 @@ IN_MEMORY_BELOW_BYTES = 64 << 20
 """Corpora smaller than this run the DirectRunner in memory (see default_beam_args)."""
 
 
-def default_beam_args(corpus_bytes: Optional[int] = None) -> list[str]:
+def default_beam_args(corpus_bytes: int | None = None) -> list[str]:
     """DirectRunner options for a corpus of ``corpus_bytes`` (None: unknown, e.g. on a bucket).
 
     Small corpora run in memory: worker start-up (each multi-processing worker
-    imports TensorFlow and TFX) dominates, and a whole tiny-preset run on 80 KB
-    measured 100.8 s in memory against 192.0 s with two worker processes. Larger
+    imports TensorFlow and TFX) dominates small runs (BENCHMARKS.md, "The README's
+    run command"). Larger
     ones run in multi-processing mode with one worker per core. ``--beam-arg``
     overrides either.
     """
@@ -90,6 +92,24 @@ def mysql_connection(env: dict) -> metadata_store_pb2.ConnectionConfig:
     return config
 
 
+def metadata_connection(kind: str, output: str, env: dict) -> metadata_store_pb2.ConnectionConfig:
+    """The ML Metadata store of ``--metadata kind``: OUTPUT/metadata.sqlite, or MySQL from ``env``."""
+    if kind == "mysql":
+        return mysql_connection(env)
+    return sqlite_connection(Layout(os.path.abspath(output)).metadata_path)
+
+
+def require_spans(corpus: str) -> None:
+    """Retraining's precondition: a corpus laid out in ``span-N`` directories.
+
+    Raises:
+        CorpusError: no ``span-N`` directory under ``corpus``.
+    """
+    if not corpus_lib.span_numbers(corpus):
+        raise CorpusError(f"retrain needs a corpus laid out in spans ({corpus}/span-1/, span-2/, ...); "
+                          "found no span-N directory")
+
+
 def backfill_spans(*, pipeline_name: str, pipeline_root: str, base: str, pattern: str, config: PipelineConfig,
                    metadata: metadata_store_pb2.ConnectionConfig, beam_args: Sequence[str]) -> list[int]:
     """Reads the spans of the ``last_spans`` window that no run has read yet; returns their numbers.
@@ -104,7 +124,7 @@ def backfill_spans(*, pipeline_name: str, pipeline_root: str, base: str, pattern
         return []
     newest = spans[-1]
     window = [s for s in spans if newest - config.last_spans < s < newest]
-    done = report.ingested_spans(report.open_store(metadata), pipeline_name) if window else set()
+    done = mlmd.ingested_spans(mlmd.open_store(metadata), pipeline_name, EXAMPLE_GEN) if window else set()
     missing = [s for s in window if s not in done]
     for span in missing:
         tfx.orchestration.LocalDagRunner().run(create_ingest_pipeline(
@@ -113,23 +133,40 @@ def backfill_spans(*, pipeline_name: str, pipeline_root: str, base: str, pattern
     return missing
 
 
-def run(
+@dataclasses.dataclass(frozen=True)
+class LocalRun:
+    """A pipeline ready for LocalDagRunner, with where it reads and writes (see ``prepare``)."""
+
+    pipeline: tfx.dsl.Pipeline
+    config: PipelineConfig
+    layout: Layout
+    corpus_base: str
+    corpus_pattern: str
+    metadata: metadata_store_pb2.ConnectionConfig
+    beam_args: list[str]
+
+    @property
+    def corpus(self) -> str:
+        return os.path.join(self.corpus_base, self.corpus_pattern)
+
+
+def prepare(
     *,
     output: str,
     config: PipelineConfig,
-    corpus: Optional[str] = None,
+    corpus: str | None = None,
     beam_args: Sequence[str] = (),
-    metadata: Optional[metadata_store_pb2.ConnectionConfig] = None,
+    metadata: metadata_store_pb2.ConnectionConfig | None = None,
     pipeline_name: str = PIPELINE_NAME,
-) -> dict:
-    """Checks the corpus, runs the whole pipeline, and returns the MLMD run summary.
+) -> LocalRun:
+    """Checks the corpus (writing the built-in one when none is given) and builds the pipeline.
+
+    The Beam mode is chosen by the corpus size (default_beam_args); ``beam_args`` come after, so they win.
 
     Raises:
-        components.text_corpus.CorpusError: the corpus cannot produce documents
-            (raised before any component runs).
+        components.text_corpus.CorpusError: the corpus cannot produce documents.
     """
-    output = os.path.abspath(output)
-    layout = Layout(output, config.model_name)
+    layout = Layout(os.path.abspath(output), config.model_name)
     if corpus is None:
         corpus = corpus_lib.write_default_corpus(layout.default_corpus_dir)
     base, pattern = corpus_lib.resolve(os.path.abspath(corpus) if "://" not in corpus else corpus)
@@ -137,8 +174,6 @@ def run(
     corpus_bytes = sum(os.path.getsize(f) for f in files) if "://" not in base else None
     metadata = metadata or sqlite_connection(layout.metadata_path)
     beam_args = [*default_beam_args(corpus_bytes), *beam_args]
-    backfill_spans(pipeline_name=pipeline_name, pipeline_root=layout.pipeline_root, base=base, pattern=pattern,
-                   config=config, metadata=metadata, beam_args=beam_args)
     pipeline = create_pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=layout.pipeline_root,
@@ -149,13 +184,33 @@ def run(
         metadata_connection_config=metadata,
         beam_pipeline_args=beam_args,
     )
-    tfx.orchestration.LocalDagRunner().run(pipeline)
-    summary = report.run_summary(report.open_store(metadata), pipeline_name)
-    summary["corpus"] = os.path.join(base, pattern)
+    return LocalRun(pipeline, config, layout, base, pattern, metadata, beam_args)
+
+
+def run(**options) -> dict:
+    """Checks the corpus, runs the whole pipeline, and returns the MLMD run summary.
+
+    ``options`` are prepare()'s keyword arguments (output, config, corpus, beam_args, metadata, pipeline_name).
+
+    Spans of the ``last_spans`` window that no run has read are read first (backfill_spans).
+    After a push, TF Serving's configs are written beside the model directory.
+
+    Raises:
+        components.text_corpus.CorpusError: the corpus cannot produce documents
+            (raised before any component runs).
+    """
+    local = prepare(**options)
+    pipeline_name, config = local.pipeline.pipeline_info.pipeline_name, local.config
+    backfill_spans(pipeline_name=pipeline_name, pipeline_root=local.layout.pipeline_root, base=local.corpus_base,
+                   pattern=local.corpus_pattern, config=config, metadata=local.metadata, beam_args=local.beam_args)
+    tfx.orchestration.LocalDagRunner().run(local.pipeline)
+    summary = report.run_summary(mlmd.open_store(local.metadata), pipeline_name)
+    summary["corpus"] = local.corpus
     if summary.get("pushed_model_path"):
-        configs = tf_serving.write_configs(os.path.dirname(layout.serving_model_dir), config.model_name)
+        configs = tf_serving.write_configs(os.path.dirname(local.layout.serving_model_dir), config.model_name)
         summary["serve_command"] = configs.pop("docker")
         summary["serving_configs"] = configs
+    metadata = local.metadata
     if metadata.HasField("sqlite"):
         summary["metadata"] = metadata.sqlite.filename_uri
     else:

@@ -14,7 +14,7 @@ reads the environment or invents paths.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import tensorflow_model_analysis as tfma
 from ml_metadata.proto import metadata_store_pb2
@@ -22,21 +22,33 @@ from tfx import v1 as tfx
 from tfx.dsl.input_resolution.strategies.latest_blessed_model_strategy import LatestBlessedModelStrategy
 from tfx.proto import range_config_pb2
 
-from components.model_gate import AtomicPusher, TokenizerAwareEvaluator
-from components.span_window import LastSpansStrategy
-from components.baseline_resolver import (
+from deepseek_tfx.components.mlmd import (
+    BLESSING_KEY,
+    CANDIDATE_KEY,
+    EXAMPLES_KEY,
+    MODEL_BLESSING_KEY,
+    MODEL_KEY,
+    SCHEMA_KEY,
+    STATISTICS_KEY,
+    TOKENIZER_KEY,
+    TRANSFORM_GRAPH_KEY,
+    TRANSFORMED_EXAMPLES_KEY,
+)
+from deepseek_tfx.components.model_gate import AtomicPusher, TokenizerAwareEvaluator
+from deepseek_tfx.components.span_window import LastSpansStrategy
+from deepseek_tfx.components.baseline_resolver import (
     BlessedModelTokenizerStrategy,
     LatestBlessedBaselineStrategy,
     WarmStartModelStrategy,
 )
-from components.text_example_gen import TextExampleGen
-from components.tokenizer_consumers import TokenizingTrainer, TokenizingTransform, VertexTokenizingTrainer
-from components.tokenizer_gen import Tokenizer, TokenizerGen
-from pipeline.config import ConfigError, PipelineConfig
+from deepseek_tfx.components.text_example_gen import TextExampleGen
+from deepseek_tfx.components.tokenizer_consumers import TokenizingTrainer, TokenizingTransform, VertexTokenizingTrainer
+from deepseek_tfx.components.tokenizer_gen import Tokenizer, TokenizerGen
+from deepseek_tfx.pipeline.config import EVALUATOR, EXAMPLE_GEN, PUSHER, TRAINER, TRANSFORM, ConfigError, PipelineConfig
 
-PREPROCESSING_FN = "trainer_module.preprocessing.preprocessing_fn"
-RUN_FN = "trainer_module.trainer.run_fn"
-METRICS_MODULE = "trainer_module.metrics"
+PREPROCESSING_FN = "deepseek_tfx.trainer_module.preprocessing.preprocessing_fn"
+RUN_FN = "deepseek_tfx.trainer_module.trainer.run_fn"
+METRICS_MODULE = "deepseek_tfx.trainer_module.metrics"
 
 
 def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
@@ -48,7 +60,7 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
     """
     lower = tfma.MetricDirection.LOWER_IS_BETTER
 
-    def threshold(tolerance: float, upper_bound: Optional[float]) -> tfma.MetricThreshold:
+    def threshold(tolerance: float, upper_bound: float | None) -> tfma.MetricThreshold:
         t = tfma.MetricThreshold(change_threshold=tfma.GenericChangeThreshold(
             direction=lower, absolute={"value": tolerance}))
         if upper_bound is not None:
@@ -68,7 +80,7 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
     )
 
 
-def _example_gen(corpus_base: str, corpus_pattern: str, config: PipelineConfig, span: Optional[int] = None):
+def _example_gen(corpus_base: str, corpus_pattern: str, config: PipelineConfig, span: int | None = None):
     """The pipeline's ExampleGen: the latest span, or exactly ``span``."""
     range_config = None
     if span is not None:
@@ -76,17 +88,75 @@ def _example_gen(corpus_base: str, corpus_pattern: str, config: PipelineConfig, 
             start_span_number=span, end_span_number=span))
     return TextExampleGen(input_base=corpus_base, input_pattern=corpus_pattern, eval_fraction=config.eval_fraction,
                           max_document_chars=config.max_document_chars, text_field=config.text_field,
-                          range_config=range_config)
+                          range_config=range_config).with_id(EXAMPLE_GEN)
 
 
 def _data_checks(example_gen):
     """StatisticsGen, SchemaGen and ExampleValidator (TFDV) over an ExampleGen's output."""
-    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
-    schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"],
+    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs[EXAMPLES_KEY])
+    schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs[STATISTICS_KEY],
                                           infer_feature_shape=True)
     example_validator = tfx.components.ExampleValidator(
-        statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"])
+        statistics=statistics_gen.outputs[STATISTICS_KEY], schema=schema_gen.outputs[SCHEMA_KEY])
     return statistics_gen, schema_gen, example_validator
+
+
+class _Resolvers:
+    """Builds the pipeline's resolver nodes; the one place that knows which strategies compile where.
+
+    Locally (``portable=False``), the MLMD-aware strategies of components.baseline_resolver keep reruns fully
+    cached and reuse the blessed model's tokenizer. For Kubeflow Pipelines V2 / Vertex AI (``portable=True``)
+    only TFX's LatestBlessedModelStrategy compiles: the baseline and the warm-start model are the latest
+    blessed model, TokenizerGen learns its tokenizer every run, and there is no span window.
+    """
+
+    def __init__(self, portable: bool):
+        self.portable = portable
+
+    @staticmethod
+    def _blessed_models() -> dict:
+        return {MODEL_KEY: tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+                MODEL_BLESSING_KEY: tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing)}
+
+    def span_window(self, example_gen, num_spans: int) -> tfx.dsl.Resolver | None:
+        """The Examples of the last ``num_spans`` spans (None for one span)."""
+        if num_spans <= 1:
+            return None
+        window = tfx.dsl.Resolver(
+            strategy_class=LastSpansStrategy,
+            config={"num_spans": num_spans},
+            examples=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Examples,
+                                     producer_component_id=example_gen.id, output_key=EXAMPLES_KEY),
+        ).with_id("span_window_resolver")
+        window.add_upstream_node(example_gen)  # the window ends at the span this run read
+        return window
+
+    def blessed_model_tokenizer(self, examples) -> tfx.dsl.Resolver | None:
+        """The latest blessed model's tokenizer, for TokenizerGen to carry over (None where not portable)."""
+        if self.portable:
+            return None
+        return tfx.dsl.Resolver(
+            strategy_class=BlessedModelTokenizerStrategy,
+            **self._blessed_models(),
+            tokenizer=tfx.dsl.Channel(type=Tokenizer),
+            examples=examples,
+        ).with_id("blessed_model_tokenizer_resolver")
+
+    def warm_start_model(self, transformed_examples) -> tfx.dsl.Resolver:
+        """The Trainer's base model: the latest blessed model (its own base model on a rerun, locally)."""
+        return tfx.dsl.Resolver(
+            strategy_class=LatestBlessedModelStrategy if self.portable else WarmStartModelStrategy,
+            **self._blessed_models(),
+            **({} if self.portable else {EXAMPLES_KEY: transformed_examples}),
+        ).with_id("warm_start_model_resolver")
+
+    def baseline_model(self, candidate) -> tfx.dsl.Resolver:
+        """The Evaluator's baseline: the latest blessed model (other than the candidate, locally)."""
+        return tfx.dsl.Resolver(
+            strategy_class=LatestBlessedModelStrategy if self.portable else LatestBlessedBaselineStrategy,
+            **self._blessed_models(),
+            **({} if self.portable else {CANDIDATE_KEY: candidate}),
+        ).with_id("latest_blessed_model_resolver")
 
 
 def create_ingest_pipeline(
@@ -97,7 +167,7 @@ def create_ingest_pipeline(
     corpus_pattern: str,
     span: int,
     config: PipelineConfig,
-    metadata_connection_config: Optional[metadata_store_pb2.ConnectionConfig] = None,
+    metadata_connection_config: metadata_store_pb2.ConnectionConfig | None = None,
     beam_pipeline_args: Sequence[str] = (),
 ) -> tfx.dsl.Pipeline:
     """ExampleGen reading one given span, and the data checks, under the same pipeline and node names as
@@ -127,11 +197,11 @@ def create_pipeline(
     corpus_pattern: str,
     serving_model_dir: str,
     config: PipelineConfig,
-    metadata_connection_config: Optional[metadata_store_pb2.ConnectionConfig] = None,
+    metadata_connection_config: metadata_store_pb2.ConnectionConfig | None = None,
     beam_pipeline_args: Sequence[str] = (),
     enable_cache: bool = True,
     portable_resolvers: bool = False,
-    vertex_training: Optional[dict] = None,
+    vertex_training: dict | None = None,
 ) -> tfx.dsl.Pipeline:
     """Wires the components of the text-to-served-model pipeline.
 
@@ -156,81 +226,54 @@ def create_pipeline(
             (components.tokenizer_consumers.vertex_training_config) instead of in
             the pipeline step; None trains in the step.
     """
+    if config.last_spans > 1 and portable_resolvers:
+        raise ConfigError("PipelineConfig.last_spans must be 1 for Kubeflow Pipelines / Vertex AI: the "
+                          f"span-window resolver does not compile there (got {config.last_spans})")
+    resolvers = _Resolvers(portable_resolvers)
     example_gen = _example_gen(corpus_base, corpus_pattern, config)
     statistics_gen, schema_gen, example_validator = _data_checks(example_gen)
     # The newest span is validated above; the tokenizer, training and evaluation see the window.
-    span_window = None
-    examples = example_gen.outputs["examples"]
-    if config.last_spans > 1:
-        if portable_resolvers:
-            raise ConfigError("PipelineConfig.last_spans must be 1 for Kubeflow Pipelines / Vertex AI: the "
-                              f"span-window resolver does not compile there (got {config.last_spans})")
-        span_window = tfx.dsl.Resolver(
-            strategy_class=LastSpansStrategy,
-            config={"num_spans": config.last_spans},
-            examples=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Examples,
-                                     producer_component_id=example_gen.id, output_key="examples"),
-        ).with_id("span_window_resolver")
-        span_window.add_upstream_node(example_gen)  # the window ends at the span this run read
-        examples = span_window.outputs["examples"]
-    tokenizer_resolver = None
-    if not config.retrain_tokenizer and not portable_resolvers:  # reuse the blessed model's tokenizer, so warm starts stay valid
-        tokenizer_resolver = tfx.dsl.Resolver(
-            strategy_class=BlessedModelTokenizerStrategy,
-            model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
-            model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
-            tokenizer=tfx.dsl.Channel(type=Tokenizer),
-            examples=examples,
-        ).with_id("blessed_model_tokenizer_resolver")
+    span_window = resolvers.span_window(example_gen, config.last_spans)
+    examples = span_window.outputs[EXAMPLES_KEY] if span_window else example_gen.outputs[EXAMPLES_KEY]
+    # Reuse the blessed model's tokenizer, so warm starts stay valid.
+    tokenizer_resolver = None if config.retrain_tokenizer else resolvers.blessed_model_tokenizer(examples)
     tokenizer_gen = TokenizerGen(
         examples=examples, config=config.tokenizer,
-        base_tokenizer=tokenizer_resolver.outputs["tokenizer"] if tokenizer_resolver else None)
+        base_tokenizer=tokenizer_resolver.outputs[TOKENIZER_KEY] if tokenizer_resolver else None)
     transform = TokenizingTransform(
         examples=examples,
-        schema=schema_gen.outputs["schema"],
-        tokenizer=tokenizer_gen.outputs["tokenizer"],
+        schema=schema_gen.outputs[SCHEMA_KEY],
+        tokenizer=tokenizer_gen.outputs[TOKENIZER_KEY],
         preprocessing_fn=PREPROCESSING_FN,
-    ).with_id("Transform")
-    warm_start_resolver = None
-    if config.warm_start:
-        inputs = {} if portable_resolvers else {"examples": transform.outputs["transformed_examples"]}
-        warm_start_resolver = tfx.dsl.Resolver(
-            strategy_class=LatestBlessedModelStrategy if portable_resolvers else WarmStartModelStrategy,
-            model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
-            model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
-            **inputs,
-        ).with_id("warm_start_model_resolver")
+    ).with_id(TRANSFORM)
+    transformed = transform.outputs[TRANSFORMED_EXAMPLES_KEY]
+    warm_start_resolver = resolvers.warm_start_model(transformed) if config.warm_start else None
     trainer = (VertexTokenizingTrainer if vertex_training else TokenizingTrainer)(
         run_fn=RUN_FN,
-        base_model=warm_start_resolver.outputs["model"] if warm_start_resolver else None,
-        examples=transform.outputs["transformed_examples"],
-        transform_graph=transform.outputs["transform_graph"],
-        schema=schema_gen.outputs["schema"],
-        tokenizer=tokenizer_gen.outputs["tokenizer"],
+        base_model=warm_start_resolver.outputs[MODEL_KEY] if warm_start_resolver else None,
+        examples=transformed,
+        transform_graph=transform.outputs[TRANSFORM_GRAPH_KEY],
+        schema=schema_gen.outputs[SCHEMA_KEY],
+        tokenizer=tokenizer_gen.outputs[TOKENIZER_KEY],
         train_args=tfx.proto.TrainArgs(num_steps=config.resolved_train_steps),
-        eval_args=tfx.proto.EvalArgs(num_steps=0),
+        eval_args=tfx.proto.EvalArgs(num_steps=config.resolved_eval_batches),
         custom_config={**config.trainer_custom_config(), **(vertex_training or {})},
-    ).with_id("Trainer")
-    model_resolver = tfx.dsl.Resolver(
-        strategy_class=LatestBlessedModelStrategy if portable_resolvers else LatestBlessedBaselineStrategy,
-        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
-        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
-        **({} if portable_resolvers else {"candidate": trainer.outputs["model"]}),
-    ).with_id("latest_blessed_model_resolver")
+    ).with_id(TRAINER)
+    model_resolver = resolvers.baseline_model(trainer.outputs[MODEL_KEY])
     evaluator = TokenizerAwareEvaluator(
         examples=examples,
-        model=trainer.outputs["model"],
-        baseline_model=model_resolver.outputs["model"],
+        model=trainer.outputs[MODEL_KEY],
+        baseline_model=model_resolver.outputs[MODEL_KEY],
         eval_config=eval_config(config),
         example_splits=["eval"],
-    ).with_id("Evaluator")
+    ).with_id(EVALUATOR)
     pusher = AtomicPusher(
-        model=trainer.outputs["model"],
-        model_blessing=evaluator.outputs["blessing"],
+        model=trainer.outputs[MODEL_KEY],
+        model_blessing=evaluator.outputs[BLESSING_KEY],
         push_destination=tfx.proto.PushDestination(
             filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)),
         keep_versions=config.keep_versions,
-    ).with_id("Pusher")
+    ).with_id(PUSHER)
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,

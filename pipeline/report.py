@@ -1,7 +1,7 @@
-"""Reads ML Metadata back: the summary of the latest run and the lineage of a pushed model.
+"""Reads ML Metadata back: the summary of the latest run, its printed form, and the lineage of a pushed model.
 
-Everything here comes from MLMD (executions, events, artifacts and their
-properties) and from files inside the artifacts it names; nothing is parsed
+Everything here comes from MLMD (through components.mlmd, the one module that
+queries it) and from files inside the artifacts it names; nothing is parsed
 from logs.
 """
 
@@ -9,66 +9,30 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional
+from typing import Any
 
 import tensorflow as tf
-from ml_metadata.metadata_store import metadata_store
-from ml_metadata.proto import metadata_store_pb2
 
-_DONE = (metadata_store_pb2.Execution.COMPLETE, metadata_store_pb2.Execution.CACHED)
-_OUTPUT_EVENTS = (metadata_store_pb2.Event.OUTPUT, metadata_store_pb2.Event.DECLARED_OUTPUT)
-_INPUT_EVENTS = (metadata_store_pb2.Event.INPUT, metadata_store_pb2.Event.DECLARED_INPUT)
+from deepseek_tfx.components import mlmd
+from deepseek_tfx.components.mlmd import (
+    BLESSED_PROPERTY,
+    BLESSING_KEY,
+    EVALUATION_KEY,
+    EXAMPLES_KEY,
+    MODEL_RUN_KEY,
+    POST_TRANSFORM_STATS_KEY,
+    PUSHED_DESTINATION_PROPERTY,
+    PUSHED_MODEL_KEY,
+    PUSHED_PROPERTY,
+    PUSHED_VERSION_PROPERTY,
+    SPAN_PROPERTY,
+    prop,
+    single,
+)
+from deepseek_tfx.pipeline.config import EVALUATOR, EXAMPLE_GEN, PUSHER, TRAINER, TRANSFORM
+from deepseek_tfx.trainer_module.trainer import SUMMARY_FILE
 
-
-def open_store(connection_config: metadata_store_pb2.ConnectionConfig) -> metadata_store.MetadataStore:
-    return metadata_store.MetadataStore(connection_config)
-
-
-def _value(v: metadata_store_pb2.Value) -> Any:
-    kind = v.WhichOneof("value")
-    return getattr(v, kind) if kind else None
-
-
-def prop(item, name: str, default=None) -> Any:
-    """A property or custom property of an MLMD artifact or execution."""
-    for props in (item.properties, item.custom_properties):
-        if name in props:
-            return _value(props[name])
-    return default
-
-
-def node_executions(store, pipeline_name: str, node_id: str) -> list:
-    """Finished executions (complete or cached) of one pipeline node, oldest first."""
-    context = store.get_context_by_type_and_name("node", f"{pipeline_name}.{node_id}")
-    if context is None:
-        return []
-    executions = store.get_executions_by_context(context.id)
-    return sorted((e for e in executions if e.last_known_state in _DONE), key=lambda e: e.id)
-
-
-def execution_artifacts(store, execution_id: int, outputs: bool = True) -> dict[str, list]:
-    """An execution's output (or input) artifacts by key."""
-    kinds = _OUTPUT_EVENTS if outputs else _INPUT_EVENTS
-    events = [e for e in store.get_events_by_execution_ids([execution_id]) if e.type in kinds]
-    artifacts = {a.id: a for a in store.get_artifacts_by_id([e.artifact_id for e in events])}
-    by_key: dict[str, list] = {}
-    for event in events:
-        key = event.path.steps[0].key if event.path.steps else ""
-        by_key.setdefault(key, []).append(artifacts[event.artifact_id])
-    return by_key
-
-
-def latest_outputs(store, pipeline_name: str, node_id: str) -> dict[str, list]:
-    executions = node_executions(store, pipeline_name, node_id)
-    return execution_artifacts(store, executions[-1].id) if executions else {}
-
-
-def _single(outputs: dict, key: str):
-    items = outputs.get(key) or []
-    return items[0] if items else None
-
-
-def _read_json(path: str) -> Optional[dict]:
+def _read_json(path: str) -> dict | None:
     if not tf.io.gfile.exists(path):
         return None
     with tf.io.gfile.GFile(path) as f:
@@ -89,7 +53,7 @@ def evaluation_metrics(evaluation_uri: str) -> dict[str, float]:
     return metrics
 
 
-def transformed_token_count(post_transform_stats_uri: str) -> Optional[int]:
+def transformed_token_count(post_transform_stats_uri: str) -> int | None:
     """Total ``token_ids`` values over all transformed splits, from Transform's post-transform stats."""
     from tensorflow_metadata.proto.v0 import statistics_pb2  # noqa: PLC0415
 
@@ -108,66 +72,100 @@ def transformed_token_count(post_transform_stats_uri: str) -> Optional[int]:
 def run_summary(store, pipeline_name: str) -> dict[str, Any]:
     """What the latest execution of each stage produced, as one flat dict."""
     summary: dict[str, Any] = {}
-    examples = _single(latest_outputs(store, pipeline_name, "TextExampleGen"), "examples")
+    examples = single(mlmd.latest_outputs(store, pipeline_name, EXAMPLE_GEN), EXAMPLES_KEY)
     if examples is not None:
-        summary.update(examples_uri=examples.uri, span=prop(examples, "span"),
+        summary.update(examples_uri=examples.uri, span=prop(examples, SPAN_PROPERTY),
                        files=prop(examples, "corpus_files"), documents=prop(examples, "corpus_documents"),
                        bytes=prop(examples, "corpus_bytes"),
                        replaced_invalid_utf8=prop(examples, "corpus_replaced_invalid_utf8"),
                        chunked_documents=prop(examples, "corpus_chunked_documents"))
-    transforms = node_executions(store, pipeline_name, "Transform")
-    tokenized = execution_artifacts(store, transforms[-1].id, outputs=False).get("examples", []) if transforms else []
+    transforms = mlmd.node_executions(store, pipeline_name, TRANSFORM)
+    transform_inputs = mlmd.execution_artifacts(store, transforms[-1].id, outputs=False) if transforms else {}
     # the spans tokenized and trained on: the newest, or the window of --last-spans
-    summary["spans"] = sorted(prop(a, "span", 0) for a in tokenized) or (
+    summary["spans"] = sorted(mlmd.span(a) for a in transform_inputs.get(EXAMPLES_KEY, [])) or (
         [summary["span"]] if summary.get("span") is not None else [])
-    post_stats = _single(execution_artifacts(store, transforms[-1].id) if transforms else {}, "post_transform_stats")
+    post_stats = single(mlmd.execution_artifacts(store, transforms[-1].id) if transforms else {},
+                        POST_TRANSFORM_STATS_KEY)
     if post_stats is not None:
         summary["corpus_tokens"] = transformed_token_count(post_stats.uri)
-    model_run = _single(latest_outputs(store, pipeline_name, "Trainer"), "model_run")
-    training = _read_json(os.path.join(model_run.uri, "training_summary.json")) if model_run else None
+    model_run = single(mlmd.latest_outputs(store, pipeline_name, TRAINER), MODEL_RUN_KEY)
+    training = _read_json(os.path.join(model_run.uri, SUMMARY_FILE)) if model_run else None
     if training:
         summary.update(train_steps=training["train_steps"], train_tokens=training["train_tokens"],
                        train_tokens_per_second=training["tokens_per_second"],
                        parameters=training["parameters"], final_train_loss=training["final_train_loss"],
                        warm_start=training.get("base_model"), resumed_from_step=training.get("resumed_from_step"),
                        train_mfu=training.get("mfu"))
-    evaluator = latest_outputs(store, pipeline_name, "Evaluator")
-    evaluation, blessing = _single(evaluator, "evaluation"), _single(evaluator, "blessing")
+    evaluator = mlmd.latest_outputs(store, pipeline_name, EVALUATOR)
+    evaluation, blessing = single(evaluator, EVALUATION_KEY), single(evaluator, BLESSING_KEY)
     if evaluation is not None:
         metrics = evaluation_metrics(evaluation.uri)
         summary.update(eval_perplexity=metrics.get("perplexity"),
                        eval_bits_per_byte=metrics.get("bits_per_byte"),
                        eval_examples=metrics.get("example_count"))
     if blessing is not None:
-        summary["blessed"] = bool(prop(blessing, "blessed", 0))
-    pushed = _single(latest_outputs(store, pipeline_name, "Pusher"), "pushed_model")
-    if pushed is not None and prop(pushed, "pushed", 0):
-        summary.update(pushed_model_path=prop(pushed, "pushed_destination"),
-                       pushed_version=prop(pushed, "pushed_version"))
+        summary["blessed"] = bool(prop(blessing, BLESSED_PROPERTY, 0))
+    pushed = single(mlmd.latest_outputs(store, pipeline_name, PUSHER), PUSHED_MODEL_KEY)
+    if pushed is not None and prop(pushed, PUSHED_PROPERTY, 0):
+        summary.update(pushed_model_path=prop(pushed, PUSHED_DESTINATION_PROPERTY),
+                       pushed_version=prop(pushed, PUSHED_VERSION_PROPERTY))
     return summary
 
 
-def latest_pushed_model(store):
-    """The newest PushedModel artifact that was really pushed, or None."""
-    pushed = [a for a in store.get_artifacts_by_type("PushedModel") if prop(a, "pushed", 0)]
-    return max(pushed, key=lambda a: a.id) if pushed else None
+def format_spans(spans) -> str:
+    """'span 3' or 'spans 2, 3'."""
+    spans = list(spans or [])
+    if len(spans) == 1:
+        return f"span {spans[0]}"
+    return f"spans {', '.join(map(str, spans))}" if spans else "span n/a"
+
+
+def format_summary(summary: dict) -> str:
+    """The run summary as the CLI prints it."""
+    def num(key, fmt="{:,}"):
+        value = summary.get(key)
+        return "n/a" if value is None else fmt.format(value)
+
+    lines = [
+        "",
+        "deepseek-tfx run summary",
+        f"  corpus:        {summary.get('corpus')} ({format_spans(summary.get('spans'))})",
+        f"  read:          {num('documents')} documents, {num('bytes')} bytes from {num('files')} file(s)"
+        f"; {num('replaced_invalid_utf8')} invalid UTF-8 sequence(s) replaced"
+        + (" (the newest span)" if len(summary.get("spans") or []) > 1 else ""),
+        f"  tokens:        {num('corpus_tokens')} in the corpus; trained on {num('train_tokens')}",
+        f"  training:      {num('train_steps')} steps, {num('parameters')} parameters, "
+        f"{num('train_tokens_per_second', '{:,.0f}')} tokens/s (MFU {num('train_mfu', '{:.1%}')}), "
+        f"last loss {num('final_train_loss', '{:.4f}')}; {summary.get('warm_start') or 'n/a'}",
+        f"  evaluation:    perplexity {num('eval_perplexity', '{:.3f}')}, bits per byte "
+        f"{num('eval_bits_per_byte', '{:.4f}')} on {num('eval_examples', '{:,.0f}')} eval examples",
+        f"  blessed:       {'yes' if summary.get('blessed') else 'no'}",
+    ]
+    if summary.get("pushed_model_path"):
+        lines.append(f"  pushed model:  {summary['pushed_model_path']} (version {summary['pushed_version']})")
+        if summary.get("serve_command"):
+            lines.append(f"  serve it:      {summary['serve_command']}")
+            lines.append(f"  configs:       {', '.join(sorted(summary.get('serving_configs', {}).values()))}")
+    else:
+        lines.append("  pushed model:  none (not blessed)")
+    lines.append(f"  ML Metadata:   {summary.get('metadata')}")
+    return "\n".join(lines)
+
+
+def pushed_versions_lines(store) -> list[str]:
+    """One line per pushed version: the spans and examples it was trained on, and where it went."""
+    return [f"version {row['version']}: trained on {format_spans(row['spans'])} ({', '.join(row['examples_uris'])})"
+            f" -> {row['path']}" for row in mlmd.pushed_versions(store)]
 
 
 def _describe_artifact(store, artifact) -> str:
     type_name = store.get_artifact_types_by_id([artifact.type_id])[0].name
     details = []
-    for name in ("pushed_version", "blessed", "span", "corpus_documents", "corpus_bytes"):
+    for name in (PUSHED_VERSION_PROPERTY, BLESSED_PROPERTY, SPAN_PROPERTY, "corpus_documents", "corpus_bytes"):
         value = prop(artifact, name)
         if value is not None:
             details.append(f"{name}={value}")
     return f"{type_name} #{artifact.id} {artifact.uri}" + (f" ({', '.join(details)})" if details else "")
-
-
-def _producer(store, artifact_id: int):
-    events = [e for e in store.get_events_by_artifact_ids([artifact_id]) if e.type in _OUTPUT_EVENTS]
-    if not events:
-        return None
-    return store.get_executions_by_id([events[0].execution_id])[0]
 
 
 def lineage_lines(store, artifact, max_depth: int = 8) -> list[str]:
@@ -187,7 +185,7 @@ def lineage_lines(store, artifact, max_depth: int = 8) -> list[str]:
             return
         seen.add(art.id)
         lines.append(prefix + _describe_artifact(store, art))
-        execution = _producer(store, art.id)
+        execution = mlmd.producer(store, art.id)
         if execution is None or depth >= max_depth:
             return
         exec_type = store.get_execution_types_by_id([execution.type_id])[0].name.split(".")[-1]
@@ -198,7 +196,7 @@ def lineage_lines(store, artifact, max_depth: int = 8) -> list[str]:
             config = json.loads(prop(execution, "input_config") or "{}")
             patterns = [s.get("pattern", "") for s in config.get("splits", [])]
             lines.append(f"{indent}    <- corpus: {os.path.join(input_base, *patterns[:1])}")
-        for key, arts in sorted(execution_artifacts(store, execution.id, outputs=False).items()):
+        for key, arts in sorted(mlmd.execution_artifacts(store, execution.id, outputs=False).items()):
             for a in arts:
                 walk(a, depth + 1, key)
 
@@ -206,39 +204,22 @@ def lineage_lines(store, artifact, max_depth: int = 8) -> list[str]:
     return lines
 
 
-def _producer_inputs(store, artifacts, key: str) -> list:
-    """The ``key`` inputs of the executions that produced ``artifacts`` (each artifact once, by id)."""
-    found: dict[int, Any] = {}
-    for artifact in artifacts:
-        execution = _producer(store, artifact.id)
-        if execution is not None:
-            for a in execution_artifacts(store, execution.id, outputs=False).get(key, []):
-                found[a.id] = a
-    return [found[i] for i in sorted(found)]
 
 
-def trained_examples(store, model) -> list:
-    """The ExampleGen outputs a Trainer's model was trained on (through Transform), oldest span first."""
-    transformed = _producer_inputs(store, [model], "examples")
-    return sorted(_producer_inputs(store, transformed, "examples"), key=lambda a: (prop(a, "span", 0), a.id))
+class NothingToReportError(Exception):
+    """The store has nothing to report yet; the message says what to run first."""
 
 
-def ingested_spans(store, pipeline_name: str) -> set[int]:
-    """Spans that the pipeline's ExampleGen has read into Examples artifacts."""
-    spans = set()
-    for execution in node_executions(store, pipeline_name, "TextExampleGen"):
-        for examples in execution_artifacts(store, execution.id).get("examples", []):
-            spans.add(int(prop(examples, "span", 0)))
-    return spans
+def lineage_text(connection) -> str:
+    """Every pushed version with its spans, then the provenance tree of the latest one.
 
-
-def pushed_versions(store) -> list[dict]:
-    """Every model really pushed, oldest first: version, path, and the corpus spans it was trained on."""
-    rows = []
-    for pushed in sorted(store.get_artifacts_by_type("PushedModel"), key=lambda a: a.id):
-        if not prop(pushed, "pushed", 0):
-            continue
-        examples = trained_examples(store, _producer_inputs(store, [pushed], "model")[0])
-        rows.append({"version": prop(pushed, "pushed_version"), "path": prop(pushed, "pushed_destination"),
-                     "spans": [prop(a, "span") for a in examples], "examples_uris": [a.uri for a in examples]})
-    return rows
+    Raises:
+        NothingToReportError: no ML Metadata at the SQLite path, or no pushed model in it yet.
+    """
+    if connection.HasField("sqlite") and not os.path.exists(connection.sqlite.filename_uri):
+        raise NothingToReportError(f"no ML Metadata at {connection.sqlite.filename_uri}; run `deepseek-tfx run` first")
+    store = mlmd.open_store(connection)
+    pushed = mlmd.latest_pushed_model(store)
+    if pushed is None:
+        raise NothingToReportError("no pushed model in ML Metadata yet")
+    return "\n".join([*pushed_versions_lines(store), "", *lineage_lines(store, pushed)])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from typing import Sequence
+from collections.abc import Sequence
 
 GENERATE = "generate"
 

@@ -70,7 +70,7 @@ def deepseek_moe(x, gate, bias, experts, shared, top_k, route_scale=1.0):
     for n in range(x.shape[0]):
         chosen = np.argsort(-(s[n] + bias))[:top_k]  # eq. 16: bias only for selection
         g = s[n, chosen] / s[n, chosen].sum() * route_scale  # eq. 13: normalised unbiased weights
-        for weight, e in zip(g, chosen):
+        for weight, e in zip(g, chosen, strict=True):
             out[n] += weight * swiglu(x[n:n + 1], *experts[e])[0]
     if shared is not None:
         out += swiglu(x, *shared)

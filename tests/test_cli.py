@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from pipeline import cli
+from deepseek_tfx.pipeline import cli, report
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["lineage", "--help"]])
@@ -92,13 +92,13 @@ def test_root_cause_stops_where_the_error_hid_its_context():
 
 
 def test_span_lists_read_naturally():
-    assert cli._spans([3]) == "span 3"
-    assert cli._spans([1, 2, 3]) == "spans 1, 2, 3"
-    assert cli._spans([]) == "span n/a"
+    assert report.format_spans([3]) == "span 3"
+    assert report.format_spans([1, 2, 3]) == "spans 1, 2, 3"
+    assert report.format_spans([]) == "span n/a"
 
 
 def test_summary_names_the_spans_trained_on():
-    window = cli.format_summary({"corpus": "/c/span-{SPAN}/*", "span": 3, "spans": [2, 3], "documents": 246})
+    window = report.format_summary({"corpus": "/c/span-{SPAN}/*", "span": 3, "spans": [2, 3], "documents": 246})
     assert "/c/span-{SPAN}/* (spans 2, 3)" in window and "246 documents" in window and "(the newest span)" in window
-    single = cli.format_summary({"corpus": "/c/a.txt", "span": 0, "spans": [0]})
+    single = report.format_summary({"corpus": "/c/a.txt", "span": 0, "spans": [0]})
     assert "/c/a.txt (span 0)" in single and "newest span" not in single

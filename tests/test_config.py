@@ -1,7 +1,7 @@
 import pytest
 
-from pipeline.config import PipelineConfig
-from trainer_module.config import PRESETS, ConfigError, ModelConfig, TrainConfig, get_preset
+from deepseek_tfx.pipeline.config import PipelineConfig
+from deepseek_tfx.trainer_module.config import PRESETS, ConfigError, ModelConfig, TrainConfig, get_preset
 
 
 def test_presets_are_valid_and_round_trip():

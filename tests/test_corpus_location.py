@@ -1,6 +1,6 @@
 """How a --corpus argument maps onto ExampleGen's input_base and pattern."""
 
-from pipeline import corpus
+from deepseek_tfx.pipeline import corpus
 
 
 def test_file_directory_glob_and_spans(tmp_path):

@@ -3,8 +3,8 @@
 import numpy as np
 import tensorflow as tf
 
-from trainer_module import data
-from trainer_module.tokenizer import EOS_ID
+from deepseek_tfx.trainer_module import data
+from deepseek_tfx.trainer_module.tokenizer import EOS_ID
 
 
 def write_transformed(path, docs):

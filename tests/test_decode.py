@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer_module.config import get_preset
-from trainer_module.model import DeepSeekLM
+from deepseek_tfx.trainer_module.config import get_preset
+from deepseek_tfx.trainer_module.model import DeepSeekLM
 
 TINY = get_preset("tiny").model.replace(vocab_size=260)
 

@@ -1,6 +1,7 @@
 """The whole DAG on a slice of tinyshakespeare with the tiny preset, checked through ML Metadata.
 
-The module's runs share one pipeline root, in order:
+The module's fixture makes four runs on one pipeline root, in this order, and keeps what each test needs
+from each run, so that no test depends on another test or on the order tests run in:
   0. a first run with no baseline and a bits-per-byte bound no model can meet: not blessed, nothing pushed;
   1. the same model (Trainer cached), a reachable bound: blessed on the absolute bound alone, pushed; its
      TFMA metrics equal a NumPy computation over the same eval examples;
@@ -28,13 +29,14 @@ import tensorflow as tf
 import tensorflow_model_analysis as tfma
 from ml_metadata.proto import metadata_store_pb2
 
-from pipeline import cli, local_runner, report
-from pipeline.config import PIPELINE_NAME, PipelineConfig
-from serving import client
-from trainer_module.config import ModelConfig, TokenizerConfig
-from trainer_module import export
-from trainer_module.model import DeepSeekLM
-from trainer_module.tokenizer import EOS_ID, MODEL_FILE
+from deepseek_tfx.components import mlmd
+from deepseek_tfx.pipeline import cli, local_runner
+from deepseek_tfx.pipeline.config import PIPELINE_NAME, PipelineConfig
+from deepseek_tfx.serving import client
+from deepseek_tfx.trainer_module.config import ModelConfig, TokenizerConfig
+from deepseek_tfx.trainer_module import export
+from deepseek_tfx.trainer_module.model import DeepSeekLM
+from deepseek_tfx.trainer_module.tokenizer import EOS_ID, MODEL_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -63,13 +65,26 @@ def first_run(tmp_path_factory, shakespeare):
     output = root / "out"
     unreachable = local_runner.run(output=str(output), config=CONFIG.replace(max_bits_per_byte=1.0),
                                    corpus=str(corpus), beam_args=BEAM)
-    store = report.open_store(local_runner.sqlite_connection(str(output / "metadata.sqlite")))
+    store = mlmd.open_store(local_runner.sqlite_connection(str(output / "metadata.sqlite")))
     run0 = {"summary": unreachable, "executions": collections.Counter(_executions(store)),
-            "evaluation": report.latest_outputs(store, PIPELINE_NAME, "Evaluator")["evaluation"][0],
+            "evaluation": mlmd.latest_outputs(store, PIPELINE_NAME, "Evaluator")["evaluation"][0],
             "serving": sorted(os.listdir(output / "serving_model" / "deepseek"))
             if (output / "serving_model" / "deepseek").exists() else []}
     summary = local_runner.run(output=str(output), config=CONFIG, corpus=str(corpus), beam_args=BEAM)
-    return {"output": output, "corpus": corpus, "summary": summary, "store": store, "run0": run0}
+    serving = output / "serving_model" / "deepseek"
+    run1 = {"executions": collections.Counter(_executions(store)), "serving": sorted(os.listdir(serving)),
+            "evaluation": mlmd.latest_outputs(store, PIPELINE_NAME, "Evaluator")["evaluation"][0],
+            "examples": mlmd.latest_outputs(store, PIPELINE_NAME, "TextExampleGen")["examples"][0],
+            "tokenizer": mlmd.latest_outputs(store, PIPELINE_NAME, "TokenizerGen")["tokenizer"][0],
+            "pushed": mlmd.latest_pushed_model(store)}
+    local_runner.run(output=str(output), config=CONFIG, corpus=str(corpus), beam_args=BEAM)
+    run2 = {"executions": collections.Counter(_executions(store)), "serving": sorted(os.listdir(serving))}
+    worse = local_runner.run(output=str(output), config=CONFIG.replace(train_steps=1), corpus=str(corpus),
+                             beam_args=BEAM)
+    run3 = {"summary": worse, "serving": sorted(os.listdir(serving)),
+            "evaluation": mlmd.latest_outputs(store, PIPELINE_NAME, "Evaluator")["evaluation"][0]}
+    return {"output": output, "corpus": corpus, "summary": summary, "store": store, "run0": run0, "run1": run1,
+            "run2": run2, "run3": run3}
 
 
 def _executions(store):
@@ -97,33 +112,32 @@ def test_first_run_is_gated_by_the_absolute_bound_alone(first_run):
     assert run0["executions"] == collections.Counter({(node, "COMPLETE"): 1 for node in COMPONENTS})
     assert run0["summary"]["blessed"] is False and "pushed_model_path" not in run0["summary"]
     assert run0["serving"] == []
-    assert report.prop(run0["evaluation"], "compared_by") == "none (no baseline)"
+    assert mlmd.prop(run0["evaluation"], "compared_by") == "none (no baseline)"
     assert _failed_thresholds(run0["evaluation"].uri) == {("bits_per_byte", "value")}
 
     # Run 1 judged the same (cached) model against a reachable bound: blessed, with no baseline.
-    new = collections.Counter(_executions(first_run["store"])) - run0["executions"]
+    new = first_run["run1"]["executions"] - run0["executions"]
     judged_again = {"Evaluator", "Pusher", *RESOLVERS}
     assert new == collections.Counter({(node, "COMPLETE" if node in judged_again else "CACHED"): 1
                                        for node in COMPONENTS})
     assert first_run["summary"]["blessed"] is True
-    evaluation = report.latest_outputs(first_run["store"], PIPELINE_NAME, "Evaluator")["evaluation"][0]
-    assert report.prop(evaluation, "compared_by") == "none (no baseline)"
+    evaluation = first_run["run1"]["evaluation"]
+    assert mlmd.prop(evaluation, "compared_by") == "none (no baseline)"
 
 
 def test_examples_record_what_was_read(first_run):
-    store = first_run["store"]
-    examples = report.latest_outputs(store, PIPELINE_NAME, "TextExampleGen")["examples"][0]
-    assert report.prop(examples, "corpus_files") == 2
-    assert report.prop(examples, "corpus_skipped_files") == 1  # cover.png
-    assert report.prop(examples, "corpus_replaced_invalid_utf8") == 2
-    assert report.prop(examples, "span") == 0
+    examples = first_run["run1"]["examples"]
+    assert mlmd.prop(examples, "corpus_files") == 2
+    assert mlmd.prop(examples, "corpus_skipped_files") == 1  # cover.png
+    assert mlmd.prop(examples, "corpus_replaced_invalid_utf8") == 2
+    assert mlmd.prop(examples, "span") == 0
     summary = first_run["summary"]
-    assert summary["documents"] == report.prop(examples, "corpus_documents") > 1000
+    assert summary["documents"] == mlmd.prop(examples, "corpus_documents") > 1000
     assert summary["corpus_tokens"] < 0.6 * summary["bytes"]  # learned subwords: fewer tokens than bytes
-    tokenizer = report.latest_outputs(store, PIPELINE_NAME, "TokenizerGen")["tokenizer"][0]
-    assert report.prop(tokenizer, "tokenizer_type") == "bpe"
-    assert report.prop(tokenizer, "vocab_size") == 512 and report.prop(tokenizer, "span") == 0
-    assert 1000 < report.prop(tokenizer, "sample_size") <= TokenizerConfig().max_sentences
+    tokenizer = first_run["run1"]["tokenizer"]
+    assert mlmd.prop(tokenizer, "tokenizer_type") == "bpe"
+    assert mlmd.prop(tokenizer, "vocab_size") == 512 and mlmd.prop(tokenizer, "span") == 0
+    assert 1000 < mlmd.prop(tokenizer, "sample_size") <= TokenizerConfig().max_sentences
 
 
 def test_model_learned_was_blessed_and_pushed(first_run):
@@ -143,8 +157,8 @@ def test_model_learned_was_blessed_and_pushed(first_run):
 
 def test_lineage_reaches_the_examples_and_the_corpus(first_run, capsys):
     store = first_run["store"]
-    pushed = report.latest_pushed_model(store)
-    examples = report.latest_outputs(store, PIPELINE_NAME, "TextExampleGen")["examples"][0]
+    pushed, examples = first_run["run1"]["pushed"], first_run["run1"]["examples"]
+    assert mlmd.latest_pushed_model(store).id == pushed.id  # no later run pushed
     # Walk MLMD events upstream from the pushed model, independently of the report module.
     frontier, seen = [pushed.id], set()
     while frontier:
@@ -176,7 +190,7 @@ out = model.signatures["generate"](
     prompt=tf.constant(["ROMEO:", ""]), max_new_tokens=tf.constant(24), temperature=tf.constant(0.0),
     top_k=tf.constant(0), seed=tf.constant(0))
 score = model.signatures["score"](text=tf.constant(["First Citizen:\nSpeak, speak."]))
-project = sorted(m for m in sys.modules if m.split(".")[0] in ("trainer_module", "pipeline", "components", "tfx"))
+project = sorted(m for m in sys.modules if m.split(".")[0] in ("deepseek_tfx", "tfx"))
 print(json.dumps({"texts": [t.decode("utf-8") for t in out["text"].numpy()],
                   "perplexity": float(score["perplexity"][0]), "project_modules": project}))
 """
@@ -193,15 +207,12 @@ def test_pushed_model_generates_in_a_fresh_process(first_run):
 
 
 def test_second_run_reexecutes_nothing(first_run):
-    store = first_run["store"]
-    before = collections.Counter(_executions(store))
-    versions = sorted(os.listdir(first_run["output"] / "serving_model" / "deepseek"))
-    local_runner.run(output=str(first_run["output"]), config=CONFIG, corpus=str(first_run["corpus"]), beam_args=BEAM)
-    new = collections.Counter(_executions(store)) - before
+    run1, run2 = first_run["run1"], first_run["run2"]
+    new = run2["executions"] - run1["executions"]
     assert new == collections.Counter(
         {(node, "CACHED"): 1 for node in COMPONENTS if node not in RESOLVERS}
         | {(node, "COMPLETE"): 1 for node in RESOLVERS})  # a resolver only queries MLMD
-    assert sorted(os.listdir(first_run["output"] / "serving_model" / "deepseek")) == versions
+    assert run2["serving"] == run1["serving"] and len(run1["serving"]) == 1
 
 
 REST_BODY_IN_FRESH_PROCESS = r"""
@@ -286,9 +297,8 @@ def _numpy_metrics(pushed_dir, tokenizer_dir, eval_examples_dir):
 
 
 def test_evaluator_metrics_equal_numpy_over_the_eval_examples(first_run):
-    store, summary = first_run["store"], first_run["summary"]
-    examples = report.latest_outputs(store, PIPELINE_NAME, "TextExampleGen")["examples"][0]
-    tokenizer = report.latest_outputs(store, PIPELINE_NAME, "TokenizerGen")["tokenizer"][0]
+    summary = first_run["summary"]
+    examples, tokenizer = first_run["run1"]["examples"], first_run["run1"]["tokenizer"]
     expected = _numpy_metrics(summary["pushed_model_path"], tokenizer.uri,
                               os.path.join(examples.uri, "Split-eval"))
     assert summary["eval_examples"] == expected["example_count"]
@@ -297,16 +307,10 @@ def test_evaluator_metrics_equal_numpy_over_the_eval_examples(first_run):
 
 
 def test_worse_candidate_is_not_blessed_and_not_pushed(first_run):
-    """Runs last: it adds a run whose candidate is worse than the blessed model."""
-    store, blessed = first_run["store"], first_run["summary"]
-    serving = first_run["output"] / "serving_model" / "deepseek"
-    versions = sorted(os.listdir(serving))
-    worse = local_runner.run(output=str(first_run["output"]), config=CONFIG.replace(train_steps=1),
-                             corpus=str(first_run["corpus"]), beam_args=BEAM)
-    evaluation = report.latest_outputs(store, PIPELINE_NAME, "Evaluator")["evaluation"][0]
+    blessed, worse, evaluation = first_run["summary"], first_run["run3"]["summary"], first_run["run3"]["evaluation"]
     assert worse["blessed"] is False and "pushed_model_path" not in worse
     assert worse["eval_perplexity"] > blessed["eval_perplexity"]
     assert worse["eval_bits_per_byte"] < CONFIG.max_bits_per_byte  # so only the comparison failed
-    assert report.prop(evaluation, "compared_by") == "Perplexity"  # the tokenizer was reused
+    assert mlmd.prop(evaluation, "compared_by") == "Perplexity"  # the tokenizer was reused
     assert _failed_thresholds(evaluation.uri) == {("perplexity", "change")}
-    assert sorted(os.listdir(serving)) == versions
+    assert first_run["run3"]["serving"] == first_run["run1"]["serving"]

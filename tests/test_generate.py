@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer_module.config import get_preset
-from trainer_module.export import LanguageModelModule
-from trainer_module.model import DeepSeekLM
-from trainer_module.tokenizer import EOS_ID, NUM_RESERVED, ByteTokenizer
+from deepseek_tfx.trainer_module.config import get_preset
+from deepseek_tfx.trainer_module.export import LanguageModelModule
+from deepseek_tfx.trainer_module.model import DeepSeekLM
+from deepseek_tfx.trainer_module.tokenizer import EOS_ID, NUM_RESERVED, ByteTokenizer
 
 CONTEXT = 24
 

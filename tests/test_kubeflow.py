@@ -8,9 +8,9 @@ import yaml
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from components.tokenizer_consumers import vertex_training_config
-from pipeline import cli, kubeflow_runner
-from pipeline.config import PipelineConfig
+from deepseek_tfx.components.tokenizer_consumers import vertex_training_config
+from deepseek_tfx.pipeline import cli, kubeflow_runner
+from deepseek_tfx.pipeline.config import PipelineConfig
 
 IMAGE = "us-docker.pkg.dev/p/deepseek/deepseek-tfx:1"
 NODES = {"TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator", "TokenizerGen", "Transform",
@@ -73,9 +73,8 @@ def test_kubeflow_compile_is_a_pipeline_spec_yaml(tmp_path):
 
 
 def test_scale_out_switches_reach_the_compiled_steps(tmp_path):
-    vertex = vertex_training_config("proj", "europe-west4", IMAGE, replicas=3)
-    beam = kubeflow_runner.dataflow_beam_args("proj", "europe-west4", "gs://bucket/root/tmp", IMAGE)
-    spec = _spec_of_vertex_job(_compile(tmp_path, "vertex", vertex_training=vertex, beam_args=beam))
+    spec = _spec_of_vertex_job(_compile(tmp_path, "vertex", vertex_training_replicas=3, dataflow=True,
+                                        project="proj", region="europe-west4"))
     custom = json.loads(_parameter(spec, "Trainer", "custom_config"))
     assert custom["ai_platform_enable_vertex"] is True and custom["ai_platform_vertex_region"] == "europe-west4"
     pools = custom["ai_platform_training_args"]["job_spec"]["worker_pool_specs"]
@@ -85,6 +84,7 @@ def test_scale_out_switches_reach_the_compiled_steps(tmp_path):
     assert "_VertexTrainerExecutor" in json.dumps(executors["Trainer_executor"])
     transform_args = json.dumps(executors["Transform_executor"])
     assert "--runner=DataflowRunner" in transform_args and f"--sdk_container_image={IMAGE}" in transform_args
+    assert "--temp_location=gs://bucket/root/tmp" in transform_args
 
 
 def test_vertex_training_needs_a_replica():

@@ -5,7 +5,7 @@ import math
 import numpy as np
 from tensorflow_model_analysis.metrics import metric_types
 
-from trainer_module import metrics
+from deepseek_tfx.trainer_module import metrics
 
 
 def combine(metric, predictions):

@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer_module.config import get_preset
-from trainer_module.layers import DeepSeekMoE, MultiHeadLatentAttention, RMSNorm
-from trainer_module.model import DeepSeekLM
+from deepseek_tfx.trainer_module.config import get_preset
+from deepseek_tfx.trainer_module.layers import DeepSeekMoE, MultiHeadLatentAttention, RMSNorm
+from deepseek_tfx.trainer_module.model import DeepSeekLM
 
 TINY = get_preset("tiny").model.replace(vocab_size=260)
 

@@ -8,9 +8,9 @@ import pytest
 import tensorflow_model_analysis as tfma
 from tfx.types import standard_artifacts
 
-from components import model_gate
-from pipeline.config import PipelineConfig
-from pipeline.pipeline import eval_config
+from deepseek_tfx.components import model_gate
+from deepseek_tfx.pipeline.config import PipelineConfig
+from deepseek_tfx.pipeline.pipeline import eval_config
 
 
 def _model_artifact(tmp_path, name, fingerprint):

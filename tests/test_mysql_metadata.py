@@ -13,8 +13,9 @@ import time
 import portpicker
 import pytest
 
-from pipeline import cli, report
-from pipeline.local_runner import mysql_connection
+from deepseek_tfx.components import mlmd
+from deepseek_tfx.pipeline import cli
+from deepseek_tfx.pipeline.local_runner import mysql_connection
 
 pytestmark = pytest.mark.slow
 
@@ -66,12 +67,12 @@ def test_pipeline_records_its_lineage_in_mysql(mysql_server, tmp_path, shakespea
     assert "ML Metadata:   mysql://127.0.0.1:" in capsys.readouterr().out
     assert not (output / "metadata.sqlite").exists()
 
-    store = report.open_store(mysql_connection(dict(os.environ)))
-    pushed = report.latest_pushed_model(store)
+    store = mlmd.open_store(mysql_connection(dict(os.environ)))
+    pushed = mlmd.latest_pushed_model(store)
     assert pushed is not None
-    versions = report.pushed_versions(store)
+    versions = mlmd.pushed_versions(store)
     assert [v["spans"] for v in versions] == [[0]]
-    assert len(report.node_executions(store, "deepseek-tfx", "Trainer")) == 1
+    assert len(mlmd.node_executions(store, "deepseek-tfx", "Trainer")) == 1
 
     assert cli.main(["lineage", "--output", str(output), "--metadata", "mysql"]) == 0
     printed = capsys.readouterr().out

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from tests import numpy_reference as ref
-from trainer_module.layers import DeepSeekMoE, MultiHeadLatentAttention
+from deepseek_tfx.trainer_module.layers import DeepSeekMoE, MultiHeadLatentAttention
 
 
 @pytest.mark.parametrize("q_rank", [0, 24])

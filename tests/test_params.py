@@ -3,9 +3,9 @@
 import pytest
 import tensorflow as tf
 
-from trainer_module.config import PAPER_PRESETS, PRESETS, get_preset
-from trainer_module.model import DeepSeekLM
-from trainer_module.params import count_parameters
+from deepseek_tfx.trainer_module.config import PAPER_PRESETS, PRESETS, get_preset
+from deepseek_tfx.trainer_module.model import DeepSeekLM
+from deepseek_tfx.trainer_module.params import count_parameters
 
 # Published (total, activated) parameters: DeepSeek-V2 paper (arXiv:2405.04434) and V3 report.
 PUBLISHED = {"deepseek-v2-lite": (15.7e9, 2.4e9), "deepseek-v2": (236e9, 21e9), "deepseek-v3": (671e9, 37e9)}

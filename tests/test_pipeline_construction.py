@@ -6,8 +6,9 @@ import pytest
 from tfx.dsl.compiler import compiler
 from tfx.types import standard_artifacts
 
-from pipeline.config import ConfigError, PipelineConfig
-from pipeline.pipeline import create_pipeline
+from deepseek_tfx.pipeline.config import ConfigError, PipelineConfig
+from deepseek_tfx.trainer_module.config import get_preset
+from deepseek_tfx.pipeline.pipeline import create_pipeline
 
 
 def build(tmp_path, **config):
@@ -40,7 +41,8 @@ def test_components_and_wiring(tmp_path):
     assert nodes["Pusher"].inputs["model"] is nodes["Trainer"].outputs["model"]
     assert nodes["Evaluator"].inputs["baseline_model"].type is standard_artifacts.Model
     assert nodes["Trainer"].inputs["base_model"] is nodes["warm_start_model_resolver"].outputs["model"]
-    assert nodes["warm_start_model_resolver"].raw_inputs["examples"] is nodes["Transform"].outputs["transformed_examples"]
+    transformed = nodes["Transform"].outputs["transformed_examples"]
+    assert nodes["warm_start_model_resolver"].raw_inputs["examples"] is transformed
     assert pipeline.enable_cache
     assert pipeline.beam_pipeline_args == ["--direct_num_workers=2"]
 
@@ -48,9 +50,12 @@ def test_components_and_wiring(tmp_path):
 def test_component_parameters_follow_the_config(tmp_path):
     nodes = {c.id: c for c in build(tmp_path, train_steps=5, max_perplexity=50.0).components}
     assert json.loads(nodes["Trainer"].exec_properties["train_args"])["num_steps"] == 5
-    assert nodes["Trainer"].exec_properties["run_fn"] == "trainer_module.trainer.run_fn"
+    # EvalArgs carries the preset's eval batches, which run_fn honours (test_train_loop)
+    assert json.loads(nodes["Trainer"].exec_properties["eval_args"])["num_steps"] == \
+        get_preset("tiny").train.eval_batches > 0
+    assert nodes["Trainer"].exec_properties["run_fn"] == "deepseek_tfx.trainer_module.trainer.run_fn"
     assert nodes["Transform"].exec_properties["preprocessing_fn"] == \
-        "trainer_module.preprocessing.preprocessing_fn"
+        "deepseek_tfx.trainer_module.preprocessing.preprocessing_fn"
     eval_config = nodes["Evaluator"].exec_properties["eval_config"]
     assert "Perplexity" in eval_config and "BitsPerByte" in eval_config and '"upper_bound"' in eval_config
     assert nodes["Evaluator"].exec_properties["example_splits"] == '["eval"]'

@@ -5,50 +5,15 @@ examples must get what the blessed model's own execution was given, so that exec
 it stays cached. With span windows, examples overlap between runs without being equal: overlap is new data.
 """
 
-from ml_metadata.metadata_store import metadata_store
-from ml_metadata.proto import metadata_store_pb2
 from tfx.types import standard_artifacts
 
-from components.baseline_resolver import (
+from deepseek_tfx.components.baseline_resolver import (
     BlessedModelTokenizerStrategy,
     LatestBlessedBaselineStrategy,
     WarmStartModelStrategy,
 )
-from components.tokenizer_gen import Tokenizer
-
-
-class Lineage:
-    """Artifacts and executions in a fake (in-memory) MLMD database."""
-
-    def __init__(self):
-        config = metadata_store_pb2.ConnectionConfig()
-        config.fake_database.SetInParent()
-        self.store = metadata_store.MetadataStore(config)
-        self.execution_type = self.store.put_execution_type(metadata_store_pb2.ExecutionType(name="step"))
-
-    def artifact(self, cls):
-        type_id = self.store.put_artifact_type(metadata_store_pb2.ArtifactType(name=cls.TYPE_NAME))
-        [artifact_id] = self.store.put_artifacts([metadata_store_pb2.Artifact(type_id=type_id)])
-        artifact = cls()
-        artifact.id = artifact_id
-        return artifact
-
-    def execution(self, inputs: dict, outputs: dict) -> None:
-        [execution_id] = self.store.put_executions([metadata_store_pb2.Execution(type_id=self.execution_type)])
-        events = []
-        for kind, by_key in ((metadata_store_pb2.Event.INPUT, inputs), (metadata_store_pb2.Event.OUTPUT, outputs)):
-            for key, artifacts in by_key.items():
-                for a in artifacts:
-                    event = metadata_store_pb2.Event(artifact_id=a.id, execution_id=execution_id, type=kind)
-                    event.path.steps.add().key = key
-                    events.append(event)
-        self.store.put_events(events)
-
-    def blessing(self, model, blessed=True):
-        blessing = self.artifact(standard_artifacts.ModelBlessing)
-        blessing.set_int_custom_property("blessed", int(blessed))
-        blessing.set_int_custom_property("current_model_id", model.id)
-        return blessing
+from deepseek_tfx.components.tokenizer_gen import Tokenizer
+from tests.mlmd_fakes import Lineage
 
 
 def _world():

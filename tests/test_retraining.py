@@ -15,8 +15,9 @@ import pytest
 import tensorflow_model_analysis as tfma
 from ml_metadata.proto import metadata_store_pb2
 
-from pipeline import cli, local_runner, report
-from pipeline.config import PIPELINE_NAME, PipelineConfig
+from deepseek_tfx.components import mlmd
+from deepseek_tfx.pipeline import cli, local_runner, report
+from deepseek_tfx.pipeline.config import PIPELINE_NAME, PipelineConfig
 
 pytestmark = pytest.mark.slow
 
@@ -25,12 +26,12 @@ OPTIONS = ["--preset", "tiny", "--train-steps", "20", "--vocab-size", "400", "--
 
 def _retrain(corpus, output, *extra):
     assert cli.main(["retrain", "--corpus", str(corpus), "--output", str(output), *OPTIONS, *extra]) == 0
-    store = report.open_store(local_runner.sqlite_connection(str(output / "metadata.sqlite")))
+    store = mlmd.open_store(local_runner.sqlite_connection(str(output / "metadata.sqlite")))
     return store, report.run_summary(store, PIPELINE_NAME)
 
 
 def _latest(store, node, key):
-    return report.latest_outputs(store, PIPELINE_NAME, node)[key][0]
+    return mlmd.latest_outputs(store, PIPELINE_NAME, node)[key][0]
 
 
 def _states(store):
@@ -44,9 +45,9 @@ def _states(store):
 
 def _inputs(store, node, key):
     """The ``key`` inputs of the node's latest execution, oldest span first."""
-    execution = report.node_executions(store, PIPELINE_NAME, node)[-1]
-    return sorted(report.execution_artifacts(store, execution.id, outputs=False)[key],
-                  key=lambda a: report.prop(a, "span"))
+    execution = mlmd.node_executions(store, PIPELINE_NAME, node)[-1]
+    return sorted(mlmd.execution_artifacts(store, execution.id, outputs=False)[key],
+                  key=lambda a: mlmd.prop(a, "span"))
 
 
 def _failed(evaluation_uri):
@@ -72,14 +73,14 @@ def test_retrain_on_new_spans(tmp_path, shakespeare, capsys):
     (corpus / "span-2" / "part.txt").write_bytes(text[80_000:160_000])
     store, second = _retrain(corpus, output, "--last-spans", "2")
     reused = _latest(store, "TokenizerGen", "tokenizer")
-    assert second["span"] == 2 and second["spans"] == [1, 2] and report.prop(reused, "span") == 2
+    assert second["span"] == 2 and second["spans"] == [1, 2] and mlmd.prop(reused, "span") == 2
     for node in ("TokenizerGen", "Evaluator"):
-        assert [report.prop(a, "span") for a in _inputs(store, node, "examples")] == [1, 2], node
+        assert [mlmd.prop(a, "span") for a in _inputs(store, node, "examples")] == [1, 2], node
     # span 1 is the Examples the first run read, not read again
     assert [a.uri for a in _inputs(store, "Transform", "examples")] == [first["examples_uri"], second["examples_uri"]]
-    assert report.prop(reused, "reused_from_artifact_id") == learned.id
+    assert mlmd.prop(reused, "reused_from_artifact_id") == learned.id
     assert second["warm_start"] == f"warm-started from {v1_model.uri}/Format-Serving"
-    assert report.prop(_latest(store, "Evaluator", "evaluation"), "compared_by") == "Perplexity"
+    assert mlmd.prop(_latest(store, "Evaluator", "evaluation"), "compared_by") == "Perplexity"
     assert second["blessed"] and int(second["pushed_version"]) > int(v1)
     assert sorted(os.listdir(serving)) == sorted([v1, second["pushed_version"]])
     v2 = second["pushed_version"]
@@ -98,7 +99,7 @@ def test_retrain_on_new_spans(tmp_path, shakespeare, capsys):
     assert "reused_from_artifact_id" not in _latest(store, "TokenizerGen", "tokenizer").custom_properties
     assert retrained["warm_start"] == "not warm-started: the base model was trained with a different tokenizer"
     evaluation = _latest(store, "Evaluator", "evaluation")
-    assert report.prop(evaluation, "compared_by") == "BitsPerByte"
+    assert mlmd.prop(evaluation, "compared_by") == "BitsPerByte"
     assert retrained["blessed"] is False and _failed(evaluation.uri) == {("bits_per_byte", True)}
     assert sorted(os.listdir(serving)) == sorted([v1, v2])
 
@@ -133,15 +134,15 @@ def test_last_spans_backfills_spans_no_run_has_read(tmp_path, shakespeare):
 
     assert local_runner.backfill_spans(config=PipelineConfig(last_spans=1), **args) == []
     assert local_runner.backfill_spans(config=PipelineConfig(last_spans=3), **args) == [1, 2]
-    store = report.open_store(metadata)
-    assert report.ingested_spans(store, PIPELINE_NAME) == {1, 2}
-    examples = {report.prop(a, "span"): a for e in report.node_executions(store, PIPELINE_NAME, "TextExampleGen")
-                for a in report.execution_artifacts(store, e.id)["examples"]}
+    store = mlmd.open_store(metadata)
+    assert mlmd.ingested_spans(store, PIPELINE_NAME, "TextExampleGen") == {1, 2}
+    examples = {mlmd.prop(a, "span"): a for e in mlmd.node_executions(store, PIPELINE_NAME, "TextExampleGen")
+                for a in mlmd.execution_artifacts(store, e.id)["examples"]}
     # each span's own file (document bytes, without the blank lines between documents)
-    assert 3_500 < report.prop(examples[1], "corpus_bytes") <= 4_000
-    assert 9_000 < report.prop(examples[2], "corpus_bytes") <= 10_000
-    described = sorted(report.prop(a, "span") for e in report.node_executions(store, PIPELINE_NAME, "StatisticsGen")
-                       for a in report.execution_artifacts(store, e.id, outputs=False)["examples"])
+    assert 3_500 < mlmd.prop(examples[1], "corpus_bytes") <= 4_000
+    assert 9_000 < mlmd.prop(examples[2], "corpus_bytes") <= 10_000
+    described = sorted(mlmd.prop(a, "span") for e in mlmd.node_executions(store, PIPELINE_NAME, "StatisticsGen")
+                       for a in mlmd.execution_artifacts(store, e.id, outputs=False)["examples"])
     assert described == [1, 2]  # each backfilled span has its statistics and validation
-    assert len(report.node_executions(store, PIPELINE_NAME, "ExampleValidator")) == 2
+    assert len(mlmd.node_executions(store, PIPELINE_NAME, "ExampleValidator")) == 2
     assert local_runner.backfill_spans(config=PipelineConfig(last_spans=3), **args) == []  # already read

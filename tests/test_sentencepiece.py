@@ -8,10 +8,10 @@ import sentencepiece as spm
 import tensorflow as tf
 from tfx.types import standard_artifacts
 
-from components.text_example_gen import text_to_example
-from components.tokenizer_gen import Executor, Tokenizer, TokenizerError, train_sentencepiece
-from trainer_module.config import ConfigError, TokenizerConfig
-from trainer_module.tokenizer import INFO_FILE, SentencePieceTokenizer, load_tokenizer
+from deepseek_tfx.components.text_example_gen import text_to_example
+from deepseek_tfx.components.tokenizer_gen import Executor, Tokenizer, TokenizerError, train_sentencepiece
+from deepseek_tfx.trainer_module.config import ConfigError, TokenizerConfig
+from deepseek_tfx.trainer_module.tokenizer import INFO_FILE, SentencePieceTokenizer, load_tokenizer
 
 HELD_OUT = [
     "It was the best of times, it was the worst of times.",

@@ -3,8 +3,8 @@
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from pipeline import cli
-from serving import client, tf_serving
+from deepseek_tfx.pipeline import cli
+from deepseek_tfx.serving import client, tf_serving
 
 
 def test_models_config_is_a_valid_model_server_config(tmp_path):

@@ -5,7 +5,7 @@ import logging
 import pytest
 from tfx.types import standard_artifacts
 
-from components.span_window import LastSpansStrategy, select_window
+from deepseek_tfx.components.span_window import LastSpansStrategy, select_window
 
 
 def examples(artifact_id, span, version=None):
@@ -36,7 +36,7 @@ def test_a_span_read_twice_counts_once_newest_version_then_newest_read():
 
 
 def test_spans_nobody_read_are_left_out_and_logged(caplog):
-    with caplog.at_level(logging.WARNING, logger="components.span_window"):
+    with caplog.at_level(logging.WARNING, logger="deepseek_tfx.components.span_window"):
         assert ids(select_window([examples(1, 1), examples(4, 4)], 3)) == [4]
     assert "no Examples for span(s) [2, 3]" in caplog.text
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from components import text_corpus
-from components.text_corpus import CorpusError, FileStats, chunk_document, read_documents
+from deepseek_tfx.components import text_corpus
+from deepseek_tfx.components.text_corpus import CorpusError, FileStats, chunk_document, read_documents
 
 
 def docs_of(path, max_chars=4096, field="text"):

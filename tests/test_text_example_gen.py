@@ -9,7 +9,7 @@ from tfx.proto import example_gen_pb2
 from tfx.types import standard_artifacts
 from tfx.utils import proto_utils
 
-from components.text_example_gen import Executor, TextExampleGen
+from deepseek_tfx.components.text_example_gen import Executor, TextExampleGen
 
 
 def run_executor(tmp_path, corpus_dir, pattern="*", eval_buckets=100):

@@ -1,6 +1,6 @@
 import tensorflow as tf
 
-from trainer_module.tokenizer import EOS_ID, NUM_RESERVED, ByteTokenizer
+from deepseek_tfx.trainer_module.tokenizer import EOS_ID, NUM_RESERVED, ByteTokenizer
 
 TEXTS = ["Hello, world!", "", "  runs  of\tspaces\n\n\nand newlines", "漢字とかな 🙂 e\u0301", "x" * 5000]
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer_module.config import ConfigError, ModelConfig, TrainConfig, get_preset
-from trainer_module.flops import measure_matmul_peak, training_flops_per_token
-from trainer_module.model import DeepSeekLM
-from trainer_module.train_loop import Checkpointer, TrainLoop, make_optimizer
+from deepseek_tfx.trainer_module.config import ConfigError, ModelConfig, TrainConfig, get_preset
+from deepseek_tfx.trainer_module.flops import measure_matmul_peak, training_flops_per_token
+from deepseek_tfx.trainer_module.model import DeepSeekLM
+from deepseek_tfx.trainer_module.train_loop import Checkpointer, TrainLoop, make_optimizer
 
 TINY = get_preset("tiny").model.replace(vocab_size=97, bias_update_speed=0.0)
 STEP = TrainConfig(train_steps=20, batch_size=4, warmup_steps=2, log_every=5, checkpoint_every=0,
@@ -40,7 +40,7 @@ def _assert_same_loss_and_gradients(reference, other, rtol):
     loss_a, grads_a = reference._accumulated_gradients(x, y)
     loss_b, grads_b = other._accumulated_gradients(x, y)
     assert float(loss_a) == pytest.approx(float(loss_b), rel=rtol)
-    for a, b in zip(grads_a, grads_b):
+    for a, b in zip(grads_a, grads_b, strict=True):
         np.testing.assert_allclose(tf.convert_to_tensor(a), tf.convert_to_tensor(b), atol=1e-6, rtol=rtol)
 
 
@@ -83,9 +83,9 @@ def test_checkpoint_restores_weights_optimizer_and_step(tmp_path):
     fresh.optimizer.build(fresh.model.trainable_variables)
     assert Checkpointer(fresh.model, fresh.optimizer, str(tmp_path), keep=2).restore() == 12
     assert int(fresh.optimizer.iterations) == 12
-    for a, b in zip(loop.model.get_weights(), fresh.model.get_weights()):
+    for a, b in zip(loop.model.get_weights(), fresh.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
-    for a, b in zip(loop.optimizer.variables, fresh.optimizer.variables):
+    for a, b in zip(loop.optimizer.variables, fresh.optimizer.variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
@@ -131,12 +131,26 @@ def test_time_limit_is_refused_with_several_workers(monkeypatch):
     """Each worker would stop by its own clock, at its own step, and hang the others in an all-reduce."""
     from types import SimpleNamespace
 
-    from trainer_module import trainer
+    from deepseek_tfx.trainer_module import trainer
 
     cluster = {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 0}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(cluster))
     custom = {"train": TrainConfig(max_train_seconds=90).to_dict()}
     with pytest.raises(ConfigError, match=r"TrainConfig.max_train_seconds: must be 0 with several workers"):
-        trainer.run_fn(SimpleNamespace(custom_config=custom, train_steps=10))
+        trainer.run_fn(SimpleNamespace(custom_config=custom, train_steps=10, eval_steps=None))
     monkeypatch.setenv("TF_CONFIG", json.dumps({**cluster, "cluster": {"worker": ["localhost:1"]}}))
     assert not trainer.is_multi_worker()
+
+
+def test_trainer_args_override_the_training_config(monkeypatch):
+    """TFX's TrainArgs.num_steps and EvalArgs.num_steps reach the loop; EvalArgs 0 keeps the config's batches."""
+    from types import SimpleNamespace
+
+    from deepseek_tfx.trainer_module import trainer
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    custom = {"train": TrainConfig(train_steps=100, eval_batches=8).to_dict()}
+    run = trainer._configure(SimpleNamespace(custom_config=custom, train_steps=7, eval_steps=3))
+    assert (run.train_cfg.train_steps, run.train_cfg.eval_batches) == (7, 3)
+    run = trainer._configure(SimpleNamespace(custom_config=custom, train_steps=7, eval_steps=None))
+    assert run.train_cfg.eval_batches == 8

@@ -17,10 +17,10 @@ import pytest
 import tensorflow as tf
 
 from tests.trainer_inputs import fn_args
-from trainer_module import trainer
-from trainer_module.config import get_preset
-from trainer_module.model import DeepSeekLM
-from trainer_module.tokenizer import ByteTokenizer
+from deepseek_tfx.trainer_module import trainer
+from deepseek_tfx.trainer_module.config import get_preset
+from deepseek_tfx.trainer_module.model import DeepSeekLM
+from deepseek_tfx.trainer_module.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -41,14 +41,14 @@ def _summary(args):
 CHILD = r"""
 import json, sys
 from tests.trainer_inputs import fn_args
-from trainer_module import trainer
+from deepseek_tfx.trainer_module import trainer
 spec = json.loads(sys.argv[1])
 trainer.run_fn(fn_args(spec["inputs"], spec["run_dir"], spec["steps"], spec["custom"], spec.get("base_model")))
 """
 
 
 def _child(spec: dict, env_extra: dict | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": REPO, "TF_USE_LEGACY_KERAS": "1", "CUDA_VISIBLE_DEVICES": "",
+    env = {**os.environ, "PYTHONPATH": REPO, "CUDA_VISIBLE_DEVICES": "",
            **(env_extra or {})}
     return subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(spec)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -60,7 +60,12 @@ def test_sigkilled_trainer_resumes_from_its_last_checkpoint(trainer_inputs, tmp_
     ckpt_dir = trainer.checkpoint_dir(first, custom)
     proc = _child({"inputs": trainer_inputs, "run_dir": str(tmp_path), "steps": steps, "custom": custom})
     deadline = time.time() + 300
-    while tf.train.latest_checkpoint(ckpt_dir) is None or int(tf.train.latest_checkpoint(ckpt_dir).rsplit("-")[-1]) < 10:
+
+    def latest_step():
+        latest = tf.train.latest_checkpoint(ckpt_dir)
+        return -1 if latest is None else int(latest.rsplit("-")[-1])
+
+    while latest_step() < 10:
         assert proc.poll() is None, f"the trainer ended before it could be killed:\n{proc.stdout.read()}"
         assert time.time() < deadline, "no checkpoint within 300 s"
         time.sleep(0.05)
@@ -134,7 +139,7 @@ def test_two_workers_train_identical_weights_and_only_the_chief_exports(trainer_
         tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
         procs.append(_child(spec, {"TF_CONFIG": tf_config}))
     outputs = [p.communicate(timeout=600)[0] for p in procs]
-    for p, out in zip(procs, outputs):
+    for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out[-3000:]
     chief = fn_args(trainer_inputs, str(tmp_path / "w0"), 20, custom)
     worker = fn_args(trainer_inputs, str(tmp_path / "w1"), 20, custom)

@@ -17,7 +17,7 @@ import tensorflow_transform as tft
 import tensorflow_transform.beam as tft_beam
 from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io, schema_utils
 
-from trainer_module.preprocessing import preprocessing_fn
+from deepseek_tfx.trainer_module.preprocessing import preprocessing_fn
 
 RAW_SPEC = {"text": tf.io.FixedLenFeature([1], tf.string)}
 
@@ -63,4 +63,4 @@ def fn_args(inputs: dict, run_dir: str, train_steps: int, custom_config: dict,
         eval_files=inputs["eval_files"], train_steps=train_steps, custom_config=custom_config,
         model_run_dir=os.path.join(run_dir, "Trainer", "model_run", "1"),
         serving_model_dir=os.path.join(run_dir, "Trainer", "model", "1", "Format-Serving"),
-        base_model=base_model)
+        base_model=base_model, eval_steps=None)

@@ -9,7 +9,8 @@ names follow the DeepSeek-V2 paper (arXiv:2405.04434) and the DeepSeek-V3 report
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 
 class ConfigError(ValueError):
@@ -92,23 +93,23 @@ class ModelConfig:
         require_field(self.vocab_size >= 0, name, "vocab_size", f"must be >= 0, got {self.vocab_size}")
         require_field(self.q_lora_rank >= 0, name, "q_lora_rank", f"must be >= 0, got {self.q_lora_rank}")
         require_field(self.qk_rope_head_dim > 0 and self.qk_rope_head_dim % 2 == 0, name,
-                 "qk_rope_head_dim", f"must be a positive even number, got {self.qk_rope_head_dim}")
+                      "qk_rope_head_dim", f"must be a positive even number, got {self.qk_rope_head_dim}")
         require_field(0 <= self.n_dense_layers <= self.n_layers, name, "n_dense_layers",
-                 f"must be within [0, n_layers={self.n_layers}], got {self.n_dense_layers}")
+                      f"must be within [0, n_layers={self.n_layers}], got {self.n_dense_layers}")
         require_field(self.mtp_depth in (0, 1), name, "mtp_depth", f"must be 0 or 1, got {self.mtp_depth}")
         require_field(self.seq_aux_loss_weight >= 0, name, "seq_aux_loss_weight",
                       f"must be >= 0, got {self.seq_aux_loss_weight}")
         if not self.dense and self.n_dense_layers < self.n_layers:
             require_field(self.n_routed_experts > 0, name, "n_routed_experts",
-                     f"must be > 0 for a MoE model, got {self.n_routed_experts}")
+                          f"must be > 0 for a MoE model, got {self.n_routed_experts}")
             require_field(0 < self.n_activated_experts <= self.n_routed_experts, name,
-                     "n_activated_experts",
+                          "n_activated_experts",
                      f"must be within [1, n_routed_experts={self.n_routed_experts}], "
                      f"got {self.n_activated_experts}")
             require_field(self.moe_inter_dim > 0, name, "moe_inter_dim",
-                     f"must be > 0, got {self.moe_inter_dim}")
+                          f"must be > 0, got {self.moe_inter_dim}")
             require_field(self.n_shared_experts >= 0, name, "n_shared_experts",
-                     f"must be >= 0, got {self.n_shared_experts}")
+                          f"must be >= 0, got {self.n_shared_experts}")
 
     @property
     def uses_moe(self) -> bool:
@@ -118,10 +119,10 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
+    def from_dict(cls, values: Mapping[str, Any]) -> ModelConfig:
         return _from_dict(cls, values)
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -178,17 +179,17 @@ class TrainConfig:
             require_field(getattr(self, field) > 0, name, field, f"must be > 0, got {getattr(self, field)}")
         require_field(self.learning_rate > 0, name, "learning_rate", f"must be > 0, got {self.learning_rate}")
         require_field(0 <= self.min_learning_rate_ratio <= 1, name, "min_learning_rate_ratio",
-                 f"must be within [0, 1], got {self.min_learning_rate_ratio}")
+                      f"must be within [0, 1], got {self.min_learning_rate_ratio}")
         require_field(self.warmup_steps >= 0, name, "warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         require_field(self.weight_decay >= 0, name, "weight_decay", f"must be >= 0, got {self.weight_decay}")
         require_field(self.grad_clip_norm >= 0, name, "grad_clip_norm",
-                 f"must be >= 0, got {self.grad_clip_norm}")
+                      f"must be >= 0, got {self.grad_clip_norm}")
         require_field(self.precision in PRECISIONS, name, "precision",
-                 f"must be one of {PRECISIONS}, got {self.precision!r}")
+                      f"must be one of {PRECISIONS}, got {self.precision!r}")
         require_field(self.shuffle_buffer > 0, name, "shuffle_buffer",
-                 f"must be > 0, got {self.shuffle_buffer}")
+                      f"must be > 0, got {self.shuffle_buffer}")
         require_field(self.eval_batches >= 0, name, "eval_batches",
-                 f"must be >= 0, got {self.eval_batches}")
+                      f"must be >= 0, got {self.eval_batches}")
         for field in ("eval_every", "checkpoint_every"):
             require_field(getattr(self, field) >= 0, name, field, f"must be >= 0, got {getattr(self, field)}")
         require_field(self.grad_accum_steps > 0 and self.batch_size % self.grad_accum_steps == 0, name,
@@ -203,10 +204,10 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
+    def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
         return _from_dict(cls, values)
 
-    def replace(self, **changes) -> "TrainConfig":
+    def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
 

@@ -9,11 +9,11 @@ order is deterministic.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 
-from trainer_module.tokenizer import EOS_ID
+from deepseek_tfx.trainer_module.tokenizer import EOS_ID
 
 TOKEN_IDS = "token_ids"
 _PARSE_BATCH = 256

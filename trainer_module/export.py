@@ -31,8 +31,8 @@ import os
 
 import tensorflow as tf
 
-from trainer_module.model import DeepSeekLM, token_nll
-from trainer_module.tokenizer import EOS_ID, PAD_ID
+from deepseek_tfx.trainer_module.model import DeepSeekLM, token_nll
+from deepseek_tfx.trainer_module.tokenizer import EOS_ID, PAD_ID
 
 CONFIG_FILE = "deepseek_config.json"
 
@@ -81,7 +81,7 @@ class LanguageModelModule(tf.Module):
     """What the SavedModel holds: the model's variables, the Transform layer and the detokenizer.
 
     The Keras model itself is not tracked: tf_keras would serialize its own
-    call traces (24 s of autograph at export, measured), which the signatures
+    call traces (autograph-converting them at export), which the signatures
     do not need. Its variables are tracked, so the signatures capture them.
     """
 

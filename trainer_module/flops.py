@@ -18,8 +18,8 @@ import time
 
 import tensorflow as tf
 
-from trainer_module.config import ModelConfig
-from trainer_module.params import count_parameters
+from deepseek_tfx.trainer_module.config import ModelConfig
+from deepseek_tfx.trainer_module.params import count_parameters
 
 
 def training_flops_per_token(c: ModelConfig) -> float:

@@ -9,7 +9,7 @@ per-example values:
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import apache_beam as beam
 import numpy as np

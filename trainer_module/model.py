@@ -13,8 +13,8 @@ from typing import Any
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer_module.config import ModelConfig
-from trainer_module.layers import (
+from deepseek_tfx.trainer_module.config import ModelConfig
+from deepseek_tfx.trainer_module.layers import (
     DeepSeekMoE,
     MultiHeadAttention,
     MultiHeadLatentAttention,
@@ -171,7 +171,7 @@ class DeepSeekLM(keras.Model):
         """
         x = self.embed(tf.reshape(token, [-1, 1]))
         new_caches = []
-        for block, cache in zip(self.blocks, caches):
+        for block, cache in zip(self.blocks, caches, strict=True):
             x, cache = block.decode(x, cache, position, key_mask)
             new_caches.append(cache)
         return tf.cast(self.head(self.final_norm(x)), tf.float32)[:, 0], new_caches

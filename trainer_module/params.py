@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainer_module.config import ModelConfig
+from deepseek_tfx.trainer_module.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)

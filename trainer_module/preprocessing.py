@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from trainer_module.tokenizer import load_tokenizer
+from deepseek_tfx.trainer_module.tokenizer import TOKENIZER_DIR_KEY, load_tokenizer
 
 TEXT = "text"
-TOKENIZER_DIR = "tokenizer_dir"
 
 
 def preprocessing_fn(inputs: dict, custom_config: dict | None = None) -> dict:
@@ -24,7 +23,7 @@ def preprocessing_fn(inputs: dict, custom_config: dict | None = None) -> dict:
     if isinstance(text, tf.SparseTensor):
         text = tf.sparse.to_dense(text, default_value="")
     text = tf.reshape(text, [-1])
-    ids = load_tokenizer((custom_config or {}).get(TOKENIZER_DIR)).tokenize(text)
+    ids = load_tokenizer((custom_config or {}).get(TOKENIZER_DIR_KEY)).tokenize(text)
     return {
         "token_ids": ids.to_sparse(),
         "num_bytes": tf.cast(tf.strings.length(text, unit="BYTE"), tf.int64),

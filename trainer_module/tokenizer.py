@@ -29,6 +29,8 @@ import os
 import tensorflow as tf
 
 MODEL_FILE = "tokenizer.model"
+TOKENIZER_DIR_KEY = "tokenizer_dir"
+"""custom_config key under which Transform and the Trainer receive the Tokenizer artifact's directory."""
 INFO_FILE = "tokenizer.json"
 
 PAD_ID = 0

@@ -2,10 +2,9 @@
 
 Why not ``model.fit``: tf_keras's training internals are not on autograph's
 skip list, so ``fit`` autograph-converts about 1,900 functions before the first
-step. Measured on this 2-core machine (tiny preset): first step 34 s with
-``fit`` against 6 s here, and 22.6K against 36K tokens/s after it. The model
-uses only static Python control flow, so the step is traced with
-``autograph=False``.
+step, and its first step and its steady speed are both slower than this loop's
+(BENCHMARKS.md, "Training start-up"). The model uses only static Python control
+flow, so the step is traced with ``autograph=False``.
 """
 
 from __future__ import annotations
@@ -15,15 +14,14 @@ import logging
 import math
 import os
 import time
-from typing import Optional
 
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer_module.config import ConfigError, TrainConfig
-from trainer_module.model import DeepSeekLM, token_nll
+from deepseek_tfx.trainer_module.config import ConfigError, TrainConfig
+from deepseek_tfx.trainer_module.model import DeepSeekLM, token_nll
 
-log = logging.getLogger(f"deepseek_tfx.{__name__}")
+log = logging.getLogger(__name__)
 
 
 class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
@@ -95,7 +93,7 @@ class Checkpointer:
         target = directory if is_chief else os.path.join(directory, f".worker-{worker_id}-scratch")
         self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         self._manager = tf.train.CheckpointManager(self._checkpoint, target, max_to_keep=keep)
-        self.last_step: Optional[int] = None
+        self.last_step: int | None = None
 
     def restore(self) -> int:
         """Restores the newest checkpoint in ``directory``, if any; returns its step (0 if none)."""
@@ -157,7 +155,7 @@ class TrainLoop:
                 objective = self.optimizer.get_scaled_loss(objective)
         variables = self.model.trainable_variables
         grads = tape.gradient(objective, variables)
-        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
+        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables, strict=True)]
         if self._scaled:
             grads = self.optimizer.get_unscaled_gradients(grads)
         return loss, grads
@@ -175,7 +173,7 @@ class TrainLoop:
 
         def body(i, loss_sum, *acc):
             loss, grads = self._micro_batch(xs[i], ys[i])
-            return (i + 1, loss_sum + loss, *[a + tf.convert_to_tensor(g) for a, g in zip(acc, grads)])
+            return (i + 1, loss_sum + loss, *[a + tf.convert_to_tensor(g) for a, g in zip(acc, grads, strict=True)])
 
         _, loss_sum, *grads = tf.while_loop(lambda i, *_: i < steps, body,
                                             [tf.constant(0), tf.constant(0.0), *zeros])
@@ -184,7 +182,7 @@ class TrainLoop:
     def _replica_step(self, x, y):
         loss, grads = self._gradients(x, y)
         grad_norm = tf.linalg.global_norm(grads) * self.strategy.num_replicas_in_sync
-        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
         return loss, grad_norm
 
     def _distributed_step(self, x, y):
@@ -216,7 +214,7 @@ class TrainLoop:
         return loss, norm
 
     def train(self, dataset: tf.data.Dataset, steps: int, writer=None, start_step: int = 0,
-              checkpointer: Optional[Checkpointer] = None, evaluate=None) -> TrainResult:
+              checkpointer: Checkpointer | None = None, evaluate=None) -> TrainResult:
         """Runs steps ``start_step + 1 .. steps`` of ``dataset`` (already positioned at ``start_step``).
 
         Logs every ``cfg.log_every`` steps, checkpoints every ``cfg.checkpoint_every``

@@ -16,23 +16,25 @@ weights. Under MultiWorkerMirroredStrategy only the chief exports the model.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
+from typing import Any
 
 import tensorflow as tf
 import tensorflow_transform as tft
 import tf_keras as keras
 
-from trainer_module import data, export
-from trainer_module.config import ConfigError, ModelConfig, TrainConfig
-from trainer_module.model import DeepSeekLM
-from trainer_module.flops import compute_dtype, measure_matmul_peak, training_flops_per_token
-from trainer_module.train_loop import Checkpointer, TrainLoop, make_optimizer
-from trainer_module.tokenizer import load_tokenizer
+from deepseek_tfx.trainer_module import data, export
+from deepseek_tfx.trainer_module.config import ConfigError, ModelConfig, TrainConfig
+from deepseek_tfx.trainer_module.model import DeepSeekLM
+from deepseek_tfx.trainer_module.flops import compute_dtype, measure_matmul_peak, training_flops_per_token
+from deepseek_tfx.trainer_module.train_loop import Checkpointer, TrainLoop, make_optimizer
+from deepseek_tfx.trainer_module.tokenizer import TOKENIZER_DIR_KEY, load_tokenizer
 
-log = logging.getLogger(f"deepseek_tfx.{__name__}")
+log = logging.getLogger(__name__)
 SUMMARY_FILE = "training_summary.json"
 
 
@@ -53,7 +55,7 @@ def get_strategy() -> tf.distribute.Strategy:
       (TF_CONFIG is tf.distribute's own contract; Vertex AI and Kubeflow set it).
     * MirroredStrategy when there are several local GPUs.
     * Otherwise the default (single-device) strategy: MirroredStrategy over one
-      CPU device measured 2.4x slower here (9.2K vs 22.6K tokens/s, tiny preset).
+      CPU device is much slower (BENCHMARKS.md, "Training start-up").
     """
     if is_multi_worker():
         return tf.distribute.MultiWorkerMirroredStrategy()
@@ -122,55 +124,109 @@ def _write_hparams(directory: str, model_cfg: ModelConfig, train_cfg: TrainConfi
         hp.hparams({k: v for k, v in flat.items() if isinstance(v, (bool, int, float, str))})
 
 
+@dataclasses.dataclass
+class _Run:
+    """What run_fn's steps share: the configs, the tokenizer and where this process writes."""
+
+    fn_args: Any
+    custom: dict
+    train_cfg: TrainConfig
+    model_cfg: ModelConfig
+    tokenizer: Any
+    is_chief: bool
+    worker: int
+    multi_worker: bool
+
+    @property
+    def run_dir(self) -> str:
+        """The model run directory (each non-chief worker writes under its own subdirectory)."""
+        run_dir = self.fn_args.model_run_dir
+        return run_dir if self.is_chief else os.path.join(run_dir, f"worker-{self.worker}")
+
+
 def run_fn(fn_args) -> None:
-    """TFX Trainer entry point."""
+    """TFX Trainer entry point: configs, strategy, model, restore or warm start, data, train, export."""
+    run = _configure(fn_args)
+    strategy = _strategy(run)
+    peak = measure_matmul_peak(compute_dtype(run.train_cfg.precision))
+    model, optimizer, loop = _build(run, strategy, peak)
+    checkpointer, start_step, warm = _restore_or_warm_start(run, model, optimizer)
+    train_ds, eval_ds = _datasets(run, start_step)
+    result, eval_loss = _train(run, loop, train_ds, eval_ds, checkpointer, start_step)
+    _write_summary(run, model, loop, strategy, checkpointer, result, eval_loss, warm, peak)
+    if run.is_chief:  # only the chief exports; the workers' weights are the same (see the MWMS test)
+        _export(run, model)
+
+
+def _configure(fn_args) -> _Run:
+    """The model and training configs from custom_config, TrainArgs, EvalArgs and the tokenizer."""
     custom = fn_args.custom_config or {}
-    train_cfg = TrainConfig.from_dict(custom.get("train", {})).replace(train_steps=fn_args.train_steps)
+    train_cfg = TrainConfig.from_dict(custom.get("train", {}))
+    # TFX's TrainArgs / EvalArgs win over the config; EvalArgs.num_steps 0 (None in fn_args) keeps the config's.
+    train_cfg = train_cfg.replace(train_steps=fn_args.train_steps,
+                                  eval_batches=fn_args.eval_steps or train_cfg.eval_batches)
     multi_worker = is_multi_worker()
     if multi_worker and train_cfg.max_train_seconds:
         raise ConfigError(
             f"TrainConfig.max_train_seconds: must be 0 with several workers (got {train_cfg.max_train_seconds}): "
             "each worker would read its own clock and stop at its own step, leaving the others waiting in the "
             "next all-reduce; bound a multi-worker run with train_steps")
-    tokenizer = load_tokenizer(custom.get("tokenizer_dir"))
+    tokenizer = load_tokenizer(custom.get(TOKENIZER_DIR_KEY))
     model_cfg = ModelConfig.from_dict(custom.get("model", {})).replace(vocab_size=tokenizer.vocab_size)
-    tf_transform_output = tft.TFTransformOutput(fn_args.transform_output)
     is_chief, worker = task_info()
-    run_dir = fn_args.model_run_dir if is_chief else os.path.join(fn_args.model_run_dir, f"worker-{worker}")
+    return _Run(fn_args, custom, train_cfg, model_cfg, tokenizer, is_chief, worker, multi_worker)
 
-    keras.utils.set_random_seed(train_cfg.seed)
-    keras.mixed_precision.set_global_policy(train_cfg.precision)
-    strategy = get_strategy()
-    peak = measure_matmul_peak(compute_dtype(train_cfg.precision))
+
+def _strategy(run: _Run) -> tf.distribute.Strategy:
+    keras.utils.set_random_seed(run.train_cfg.seed)
+    keras.mixed_precision.set_global_policy(run.train_cfg.precision)
+    return get_strategy()
+
+
+def _build(run: _Run, strategy, peak: float):
+    """The model, its optimizer (slots built) and the train loop, under the strategy's scope."""
     with strategy.scope():
-        model = DeepSeekLM(model_cfg, recompute_attention=train_cfg.recompute_attention)
+        model = DeepSeekLM(run.model_cfg, recompute_attention=run.train_cfg.recompute_attention)
         model(tf.zeros([1, 8], tf.int64))  # create the weights
-        optimizer = make_optimizer(model, train_cfg)
+        optimizer = make_optimizer(model, run.train_cfg)
         # Slots exist before a restore, so the checkpoint restores them too.
         (getattr(optimizer, "inner_optimizer", optimizer)).build(model.trainable_variables)
-        loop = TrainLoop(model, optimizer, strategy, train_cfg, training_flops_per_token(model_cfg), peak)
+        loop = TrainLoop(model, optimizer, strategy, run.train_cfg, training_flops_per_token(run.model_cfg), peak)
     log.info("Model: %d parameters, %d replica(s), precision %s; matmul peak %.1f GFLOP/s",
-             model.count_params(), strategy.num_replicas_in_sync, train_cfg.precision, peak / 1e9)
+             model.count_params(), strategy.num_replicas_in_sync, run.train_cfg.precision, peak / 1e9)
+    return model, optimizer, loop
 
-    checkpointer = Checkpointer(model, optimizer, checkpoint_dir(fn_args, custom), train_cfg.keep_checkpoints,
-                                is_chief, worker)
+
+def _restore_or_warm_start(run: _Run, model, optimizer) -> tuple[Checkpointer, int, str]:
+    """Resumes from this run's last checkpoint, else warm-starts from the base model; (checkpointer, step, what)."""
+    checkpointer = Checkpointer(model, optimizer, checkpoint_dir(run.fn_args, run.custom),
+                                run.train_cfg.keep_checkpoints, run.is_chief, run.worker)
     start_step = checkpointer.restore()
     warm = "resumed from a checkpoint" if start_step else "no base model"
     if start_step:
         log.info("Resuming from step %d (%s)", start_step, checkpointer.directory)
-    elif fn_args.base_model:
-        warm = warm_start(model, fn_args.base_model, tokenizer)
+    elif run.fn_args.base_model:
+        warm = warm_start(model, run.fn_args.base_model, run.tokenizer)
         log.info("Base model: %s", warm)
+    return checkpointer, start_step, warm
 
-    t = model_cfg.context_len
-    train_ds = data.packed_blocks(fn_args.train_files, t, train_cfg.batch_size, seed=train_cfg.seed,
-                                  shuffle_buffer=train_cfg.shuffle_buffer).skip(start_step)
+
+def _datasets(run: _Run, start_step: int):
+    """Packed train blocks (skipping the batches already trained on) and a function making the eval blocks."""
+    t, cfg = run.model_cfg.context_len, run.train_cfg
+    train_ds = data.packed_blocks(run.fn_args.train_files, t, cfg.batch_size, seed=cfg.seed,
+                                  shuffle_buffer=cfg.shuffle_buffer).skip(start_step)
 
     def eval_ds():
-        return data.packed_blocks(fn_args.eval_files, t, train_cfg.batch_size, seed=train_cfg.seed,
-                                  shuffle=False, repeat=False).take(train_cfg.eval_batches)
+        return data.packed_blocks(run.fn_args.eval_files, t, cfg.batch_size, seed=cfg.seed,
+                                  shuffle=False, repeat=False).take(cfg.eval_batches)
 
-    eval_writer = tf.summary.create_file_writer(os.path.join(run_dir, "eval"))
+    return train_ds, eval_ds
+
+
+def _train(run: _Run, loop: TrainLoop, train_ds, eval_ds, checkpointer, start_step: int):
+    """Trains with TensorBoard logs (train/, eval/, hparams/); returns (result, final sampled eval loss)."""
+    eval_writer = tf.summary.create_file_writer(os.path.join(run.run_dir, "eval"))
 
     def evaluate(step: int) -> float:
         loss = loop.evaluate(eval_ds())
@@ -179,11 +235,18 @@ def run_fn(fn_args) -> None:
         log.info("step %d eval loss %.4f", step, loss)
         return loss
 
-    _write_hparams(os.path.join(run_dir, "hparams"), model_cfg, train_cfg, custom.get("preset", ""))
-    writer = tf.summary.create_file_writer(os.path.join(run_dir, "train"))
-    result = loop.train(train_ds, train_cfg.train_steps, writer, start_step=start_step,
-                        checkpointer=checkpointer, evaluate=evaluate if train_cfg.eval_batches else None)
-    eval_loss = evaluate(result.steps) if train_cfg.eval_batches else float("nan")
+    _write_hparams(os.path.join(run.run_dir, "hparams"), run.model_cfg, run.train_cfg, run.custom.get("preset", ""))
+    writer = tf.summary.create_file_writer(os.path.join(run.run_dir, "train"))
+    evaluates = bool(run.train_cfg.eval_batches)
+    result = loop.train(train_ds, run.train_cfg.train_steps, writer, start_step=start_step,
+                        checkpointer=checkpointer, evaluate=evaluate if evaluates else None)
+    eval_loss = evaluate(result.steps) if evaluates else float("nan")
+    return result, eval_loss
+
+
+def _write_summary(run: _Run, model, loop, strategy, checkpointer, result, eval_loss: float, warm: str,
+                   peak: float) -> None:
+    """``training_summary.json`` in the run directory: what the run report and the CLI summary read."""
     summary = {
         "train_steps": result.steps, "resumed_from_step": result.start_step, "base_model": warm,
         "stopped_by_time": result.stopped_by_time, "train_tokens": result.tokens,
@@ -193,23 +256,23 @@ def run_fn(fn_args) -> None:
         "final_train_loss": result.last_loss, "eval_loss_sampled": eval_loss,
         "parameters": model.count_params(),
         # Hashing every weight costs a pass over the model: only where workers must agree.
-        "weights_sha256": weights_digest(model) if multi_worker else None,
+        "weights_sha256": weights_digest(model) if run.multi_worker else None,
         "checkpoint_dir": checkpointer.directory, "replicas": strategy.num_replicas_in_sync,
-        "model": model_cfg.to_dict(), "train": train_cfg.to_dict(),
+        "model": run.model_cfg.to_dict(), "train": run.train_cfg.to_dict(),
     }
     log.info("Trained steps %d-%d in %.1fs (%.0f tokens/s after the first step); last loss %.4f, "
              "sampled eval loss %.4f", result.start_step + 1, result.steps, result.seconds,
              result.tokens_per_second, result.last_loss, eval_loss)
-    tf.io.gfile.makedirs(run_dir)
-    with tf.io.gfile.GFile(os.path.join(run_dir, SUMMARY_FILE), "w") as f:
+    tf.io.gfile.makedirs(run.run_dir)
+    with tf.io.gfile.GFile(os.path.join(run.run_dir, SUMMARY_FILE), "w") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
-    if not is_chief:  # only the chief exports; the workers' weights are the same (see the MWMS test)
-        return
 
-    # Export in float32 so serving does not depend on the training precision.
+
+def _export(run: _Run, model) -> None:
+    """Exports in float32, so serving does not depend on the training precision."""
     keras.mixed_precision.set_global_policy("float32")
-    serving_model = DeepSeekLM(model_cfg)
+    serving_model = DeepSeekLM(run.model_cfg)
     serving_model(tf.zeros([1, 8], tf.int64))
     serving_model.set_weights(model.get_weights())
-    export.export_serving_model(serving_model, tf_transform_output, tokenizer,
-                                fn_args.serving_model_dir, extra_config={"train": train_cfg.to_dict()})
+    export.export_serving_model(serving_model, tft.TFTransformOutput(run.fn_args.transform_output), run.tokenizer,
+                                run.fn_args.serving_model_dir, extra_config={"train": run.train_cfg.to_dict()})

@@ -1,0 +1,195 @@
+"""ML Metadata: every query the project makes of the store, and the artifact keys, in one place.
+
+The resolvers (components.baseline_resolver, components.span_window), the run
+summary and lineage (pipeline.report), the local runner's span backfill and the
+CLI all read lineage through these functions, so they share one rule for what
+counts as an execution's input or output (TFX records OUTPUT events; the
+Kubeflow V2 launcher also DECLARED_OUTPUT) and one reading of each property.
+
+Functions take MLMD protos or TFX ``types.Artifact`` objects alike (an Artifact
+wraps its proto as ``mlmd_artifact``). Tests: tests/test_mlmd.py, on an
+in-memory store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ml_metadata.metadata_store import metadata_store
+from ml_metadata.proto import metadata_store_pb2
+from tfx.types import standard_component_specs as std
+
+# Artifact keys: one constant each. The standard components' keys are TFX's own.
+EXAMPLES_KEY = std.EXAMPLES_KEY  # "examples"
+TRANSFORMED_EXAMPLES_KEY = std.TRANSFORMED_EXAMPLES_KEY
+TRANSFORM_GRAPH_KEY = std.TRANSFORM_GRAPH_KEY
+POST_TRANSFORM_STATS_KEY = std.POST_TRANSFORM_STATS_KEY
+STATISTICS_KEY = std.STATISTICS_KEY
+SCHEMA_KEY = std.SCHEMA_KEY
+MODEL_KEY = std.MODEL_KEY  # "model"
+MODEL_RUN_KEY = std.MODEL_RUN_KEY
+BASE_MODEL_KEY = std.BASE_MODEL_KEY  # "base_model"
+MODEL_BLESSING_KEY = std.MODEL_BLESSING_KEY  # "model_blessing": the Pusher's and resolvers' input
+BLESSING_KEY = std.BLESSING_KEY  # "blessing": the Evaluator's output
+EVALUATION_KEY = std.EVALUATION_KEY
+PUSHED_MODEL_KEY = std.PUSHED_MODEL_KEY
+TOKENIZER_KEY = "tokenizer"  # TokenizerGen's output; Transform's and the Trainer's input
+BASE_TOKENIZER_KEY = "base_tokenizer"  # TokenizerGen's optional input: a tokenizer to carry over
+CANDIDATE_KEY = "candidate"  # the baseline resolver's input: the model being judged
+
+# Property names (custom properties, except where TFX makes them properties).
+SPAN_PROPERTY = "span"
+VERSION_PROPERTY = "version"
+PUSHED_PROPERTY = "pushed"
+PUSHED_VERSION_PROPERTY = "pushed_version"
+PUSHED_DESTINATION_PROPERTY = "pushed_destination"
+BLESSED_PROPERTY = "blessed"
+
+PUSHED_MODEL_TYPE = "PushedModel"
+_DONE = (metadata_store_pb2.Execution.COMPLETE, metadata_store_pb2.Execution.CACHED)
+OUTPUT_EVENTS = (metadata_store_pb2.Event.OUTPUT, metadata_store_pb2.Event.DECLARED_OUTPUT)
+INPUT_EVENTS = (metadata_store_pb2.Event.INPUT, metadata_store_pb2.Event.DECLARED_INPUT)
+
+
+def open_store(connection_config: metadata_store_pb2.ConnectionConfig) -> metadata_store.MetadataStore:
+    return metadata_store.MetadataStore(connection_config)
+
+
+def _proto(item):
+    """The MLMD proto of an artifact or execution (a TFX Artifact wraps one)."""
+    return getattr(item, "mlmd_artifact", item)
+
+
+def _value(v: metadata_store_pb2.Value) -> Any:
+    kind = v.WhichOneof("value")
+    return getattr(v, kind) if kind else None
+
+
+def prop(item, name: str, default=None) -> Any:
+    """A property or custom property of an MLMD artifact or execution (or a TFX Artifact)."""
+    item = _proto(item)
+    for props in (item.properties, item.custom_properties):
+        if name in props:
+            return _value(props[name])
+    return default
+
+
+def has_prop(item, name: str) -> bool:
+    return prop(item, name) is not None
+
+
+def span(artifact, default: int = 0) -> int:
+    """ExampleGen's ``span`` (an int; older TFX stored it as a string); ``default`` when absent."""
+    value = prop(artifact, SPAN_PROPERTY)
+    return default if value in (None, "") else int(value)
+
+
+def version(artifact) -> int:
+    """ExampleGen's ``version`` of a span's data (0 when absent)."""
+    value = prop(artifact, VERSION_PROPERTY)
+    return 0 if value in (None, "") else int(value)
+
+
+def node_executions(store, pipeline_name: str, node_id: str) -> list:
+    """Finished executions (complete or cached) of one pipeline node, oldest first."""
+    context = store.get_context_by_type_and_name("node", f"{pipeline_name}.{node_id}")
+    if context is None:
+        return []
+    executions = store.get_executions_by_context(context.id)
+    return sorted((e for e in executions if e.last_known_state in _DONE), key=lambda e: e.id)
+
+
+def _events(store, execution_id: int, outputs: bool) -> list:
+    kinds = OUTPUT_EVENTS if outputs else INPUT_EVENTS
+    return [e for e in store.get_events_by_execution_ids([execution_id]) if e.type in kinds]
+
+
+def _key(event) -> str:
+    return event.path.steps[0].key if event.path.steps else ""
+
+
+def artifact_ids(store, execution_id: int, key: str, outputs: bool = False) -> list[int]:
+    """Ids of the artifacts an execution took (or, with ``outputs``, produced) under ``key``, in event order."""
+    return [e.artifact_id for e in _events(store, execution_id, outputs) if _key(e) == key]
+
+
+def execution_artifacts(store, execution_id: int, outputs: bool = True) -> dict[str, list]:
+    """An execution's output (or input) artifacts by key."""
+    events = _events(store, execution_id, outputs)
+    artifacts = {a.id: a for a in store.get_artifacts_by_id([e.artifact_id for e in events])}
+    by_key: dict[str, list] = {}
+    for event in events:
+        by_key.setdefault(_key(event), []).append(artifacts[event.artifact_id])
+    return by_key
+
+
+def producer_id(store, artifact_id: int) -> int | None:
+    """Id of the execution that output the artifact, or None."""
+    events = [e for e in store.get_events_by_artifact_ids([artifact_id]) if e.type in OUTPUT_EVENTS]
+    return events[0].execution_id if events else None
+
+
+def producer(store, artifact_id: int):
+    """The execution that output the artifact, or None."""
+    execution_id = producer_id(store, artifact_id)
+    return None if execution_id is None else store.get_executions_by_id([execution_id])[0]
+
+
+def latest_outputs(store, pipeline_name: str, node_id: str) -> dict[str, list]:
+    """Output artifacts by key of a node's latest finished execution ({} before it ran)."""
+    executions = node_executions(store, pipeline_name, node_id)
+    return execution_artifacts(store, executions[-1].id) if executions else {}
+
+
+def single(artifacts_by_key: dict, key: str):
+    """The first artifact under ``key``, or None."""
+    items = artifacts_by_key.get(key) or []
+    return items[0] if items else None
+
+
+def producer_inputs(store, artifacts: Iterable, key: str) -> list:
+    """The ``key`` inputs of the executions that produced ``artifacts`` (each artifact once, by id)."""
+    found: dict[int, Any] = {}
+    for artifact in artifacts:
+        execution_id = producer_id(store, artifact.id)
+        if execution_id is not None:
+            for a in execution_artifacts(store, execution_id, outputs=False).get(key, []):
+                found[a.id] = a
+    return [found[i] for i in sorted(found)]
+
+
+def trained_examples(store, model) -> list:
+    """The ExampleGen outputs a Trainer's model was trained on (through Transform), oldest span first."""
+    transformed = producer_inputs(store, [model], EXAMPLES_KEY)
+    return sorted(producer_inputs(store, transformed, EXAMPLES_KEY), key=lambda a: (span(a), a.id))
+
+
+def ingested_spans(store, pipeline_name: str, example_gen_id: str) -> set[int]:
+    """Spans that the pipeline's ExampleGen node has read into Examples artifacts."""
+    return {span(examples)
+            for execution in node_executions(store, pipeline_name, example_gen_id)
+            for examples in execution_artifacts(store, execution.id).get(EXAMPLES_KEY, [])}
+
+
+def pushed_models(store) -> list:
+    """PushedModel artifacts that were really pushed, oldest first."""
+    pushed = store.get_artifacts_by_type(PUSHED_MODEL_TYPE)
+    return sorted((a for a in pushed if prop(a, PUSHED_PROPERTY, 0)), key=lambda a: a.id)
+
+
+def latest_pushed_model(store):
+    """The newest PushedModel artifact that was really pushed, or None."""
+    pushed = pushed_models(store)
+    return pushed[-1] if pushed else None
+
+
+def pushed_versions(store) -> list[dict]:
+    """Every model really pushed, oldest first: version, path, and the corpus spans it was trained on."""
+    rows = []
+    for pushed in pushed_models(store):
+        examples = trained_examples(store, producer_inputs(store, [pushed], MODEL_KEY)[0])
+        rows.append({"version": prop(pushed, PUSHED_VERSION_PROPERTY),
+                     "path": prop(pushed, PUSHED_DESTINATION_PROPERTY),
+                     "spans": [span(a, None) for a in examples], "examples_uris": [a.uri for a in examples]})
+    return rows
