@@ -149,14 +149,16 @@ def submit_kubeflow(package: str, *, host: str, schedule: str | None = None, cli
                     experiment: str = PIPELINE_NAME, run_name: str = PIPELINE_NAME) -> Any:
     """Runs (or, with a cron ``schedule``, schedules) a compiled pipeline on Kubeflow Pipelines."""
     if client_factory is None:
+        # `from kfp import Client`, not `kfp.Client`: the pinned kfp-pipeline-spec leaves an empty `kfp` namespace
+        # package, where the import succeeds and only the attribute is missing; this way both cases are ImportError.
         try:
-            import kfp  # noqa: PLC0415
+            from kfp import Client  # noqa: PLC0415
         except ImportError as e:
             raise RuntimeError(
                 "submitting to Kubeflow needs kfp>=2, which cannot share this environment with TFX 1.16 on "
                 "Python 3.10 (protobuf pins); install it elsewhere and run `kfp run create` with the compiled "
                 f"package {package}") from e
-        client_factory = kfp.Client
+        client_factory = Client
     client = client_factory(host=host)
     if schedule:
         experiment_id = client.create_experiment(name=experiment).experiment_id

@@ -106,18 +106,34 @@ class _Recorder:
 
 
 def _fake_aiplatform(recorder):
+    """A fake ``google.cloud.aiplatform`` whose calls must bind to the real signatures (a wrong keyword fails)."""
+    import inspect
+
+    from google.cloud import aiplatform
+
+    def bound(real, *args, **kwargs):
+        inspect.signature(real).bind(*args, **kwargs)  # TypeError on an unknown, missing or extra argument
+        return kwargs
+
     class PipelineJob:
-        def __init__(self, **kwargs):
-            recorder.calls.append(("PipelineJob", (), kwargs))
+        def __init__(self, *args, **kwargs):
+            bound(aiplatform.PipelineJob.__init__, object(), *args, **kwargs)  # placeholder self
+            recorder.calls.append(("PipelineJob", args, kwargs))
 
-        def submit(self):
-            recorder.calls.append(("submit", (), {}))
+        def submit(self, *args, **kwargs):
+            bound(aiplatform.PipelineJob.submit, self, *args, **kwargs)
+            recorder.calls.append(("submit", args, kwargs))
 
-        def create_schedule(self, **kwargs):
-            recorder.calls.append(("create_schedule", (), kwargs))
+        def create_schedule(self, *args, **kwargs):
+            bound(aiplatform.PipelineJob.create_schedule, self, *args, **kwargs)
+            recorder.calls.append(("create_schedule", args, kwargs))
             return types.SimpleNamespace(resource_name="schedules/1")
 
-    return types.SimpleNamespace(init=lambda **kw: recorder.calls.append(("init", (), kw)), PipelineJob=PipelineJob)
+    def init(*args, **kwargs):
+        bound(aiplatform.init, *args, **kwargs)
+        recorder.calls.append(("init", args, kwargs))
+
+    return types.SimpleNamespace(init=init, PipelineJob=PipelineJob)
 
 
 def test_submit_to_vertex_once_and_on_a_schedule():
@@ -134,6 +150,19 @@ def test_submit_to_vertex_once_and_on_a_schedule():
                                   schedule="0 3 * * *", aiplatform=_fake_aiplatform(rec))
     assert rec.calls[-1] == ("create_schedule", (), {"cron": "0 3 * * *", "display_name": "deepseek-tfx-schedule"})
     assert ("submit", (), {}) not in rec.calls
+
+
+def test_the_vertex_fake_rejects_arguments_the_real_aiplatform_does_not_take():
+    fake = _fake_aiplatform(_Recorder())
+    with pytest.raises(TypeError):
+        fake.init(project="proj", region="us-central1")
+    with pytest.raises(TypeError):
+        fake.PipelineJob(display_name="deepseek-tfx", template="p.json")
+    job = fake.PipelineJob(display_name="deepseek-tfx", template_path="p.json")
+    with pytest.raises(TypeError):
+        job.submit(wait=True)
+    with pytest.raises(TypeError):
+        job.create_schedule(cron_expression="0 3 * * *", display_name="s")
 
 
 def test_submit_to_kubeflow_once_and_on_a_schedule():
@@ -190,3 +219,21 @@ def test_dockerfile_builds_on_the_pinned_tfx_image_with_the_project():
             assert (repo / path).exists(), f"Dockerfile copies {path}, which is not in the repository"
     assert "-c constraints.txt -e ." in dockerfile and "TF_USE_LEGACY_KERAS=1" in dockerfile
     assert "import tensorflow_text, sentencepiece" in dockerfile
+
+
+def test_cli_submit_to_kubeflow_without_kfp_client_fails_with_the_message(tmp_path, capsys):
+    # No fake client: the real import path runs. The pinned kfp-pipeline-spec leaves a `kfp` namespace package
+    # without `Client` (and kfp>=2 cannot be installed here), so submit must fail with the clear message.
+    try:
+        from kfp import Client  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("kfp>=2 is installed here: this checks the environment without its client")
+    package = tmp_path / "p.yaml"
+    package.write_text("{}")
+    code = cli.main(["submit", "--engine", "kubeflow", "--package", str(package), "--host", "http://127.0.0.1:1"])
+    assert code == cli.EXIT_FAILED == 1
+    err = capsys.readouterr().err
+    assert err.startswith("deepseek-tfx: error: ")
+    assert "needs kfp>=2" in err and str(package) in err
