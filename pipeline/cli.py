@@ -210,10 +210,11 @@ def _cmd_run(args) -> int:
     try:
         summary = local_runner.run(output=args.output, config=config, corpus=args.corpus,
                                    beam_args=args.beam_arg, metadata=metadata)
-    except CorpusError as e:
-        print(f"deepseek-tfx: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
     except Exception as e:  # a component failed: show the root cause, not Beam's wrapping
+        bad_input = _corpus_error(e)
+        if bad_input is not None:  # the corpus, found bad by ExampleGen: bad input, in any Beam mode
+            print(f"deepseek-tfx: error: {bad_input}", file=sys.stderr)
+            return EXIT_USAGE
         print(f"deepseek-tfx: pipeline failed: {_root_cause(e)}", file=sys.stderr)
         return EXIT_FAILED
     print(report.format_summary(summary))
@@ -264,17 +265,38 @@ def _cmd_submit(args) -> int:
     return 0
 
 
-def _root_cause(error: BaseException) -> str:
-    """The innermost error message, with CorpusError messages found even inside Beam's text."""
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the errors behind it, outermost first."""
+    chain = [error]
     while True:  # `raise ... from None` hides the context: stop there, as Python's own traceback does
         inner = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
-        if inner is None:
-            break
-        error = inner
-    text = str(error)
-    for line in reversed(text.splitlines()):
+        if inner is None or inner in chain:
+            return chain
+        chain.append(error := inner)
+
+
+def _corpus_error(error: BaseException) -> str | None:
+    """The message of the CorpusError behind ``error``: raised in this process (Beam in memory), or relayed
+    as text by a Beam worker process; None when the failure was something else."""
+    from deepseek_tfx.components.text_corpus import CorpusError
+
+    chain = _chain(error)
+    raised_here = next((e for e in chain if isinstance(e, CorpusError)), None)
+    if raised_here is not None:
+        return str(raised_here)
+    for line in reversed(str(chain[-1]).splitlines()):
         if "CorpusError:" in line:
             return line.split("CorpusError:", 1)[1].strip()
+    return None
+
+
+def _root_cause(error: BaseException) -> str:
+    """The innermost error message, with CorpusError messages found even inside Beam's text."""
+    corpus = _corpus_error(error)
+    if corpus is not None:
+        return corpus
+    error = _chain(error)[-1]
+    text = str(error)
     return f"{type(error).__name__}: {text.strip().splitlines()[-1] if text.strip() else ''}"
 
 

@@ -1,5 +1,6 @@
 """The CLI's help and its handling of bad corpora: a clear error, exit 2, nothing written or pushed."""
 
+import json
 import os
 
 import pytest
@@ -7,12 +8,59 @@ import pytest
 from deepseek_tfx.pipeline import cli, report
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["lineage", "--help"]])
+COMMANDS = ("run", "retrain", "compile", "submit", "lineage", "generate")
+
+
+def test_the_command_list_is_complete():
+    subparsers = next(a for a in cli._build_parser()._actions if a.dest == "command")
+    assert set(subparsers.choices) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("argv", [["--help"], *([command, "--help"] for command in COMMANDS)])
 def test_every_command_has_help(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(argv)
     assert exit_info.value.code == 0
-    assert "usage: deepseek-tfx" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: deepseek-tfx {argv[0] if len(argv) > 1 else ''}".rstrip())
+    if len(argv) > 1:
+        assert "--" in out.split("options:", 1)[1]  # the command's own options are documented
+
+
+def test_beam_mode_follows_the_corpus_size_and_beam_args_win(tmp_path, monkeypatch):
+    """In memory below 64 MB, one process per core above or when the size is unknown; --beam-arg comes last,
+    and Beam takes the last of repeated options."""
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
+
+    from deepseek_tfx.pipeline import local_runner
+    from deepseek_tfx.pipeline.config import PipelineConfig
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    below, above = local_runner.IN_MEMORY_BELOW_BYTES - 1, local_runner.IN_MEMORY_BELOW_BYTES
+    assert "--direct_running_mode=in_memory" in local_runner.default_beam_args(below)
+    for size in (above, None):
+        assert local_runner.default_beam_args(size)[1:] == ["--direct_running_mode=multi_processing",
+                                                             "--direct_num_workers=3"]
+    (tmp_path / "a.txt").write_text("Some text.\n\nMore text.\n")
+    local = local_runner.prepare(output=str(tmp_path / "out"), config=PipelineConfig(preset="tiny"),
+                                 corpus=str(tmp_path / "a.txt"),
+                                 beam_args=["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    args = local.pipeline.beam_pipeline_args
+    assert args[:3] == local_runner.default_beam_args(len("Some text.\n\nMore text.\n"))  # small: in memory
+    options = PipelineOptions(args).view_as(DirectOptions)
+    assert (options.direct_running_mode, options.direct_num_workers) == ("multi_processing", 2)
+
+
+def test_keep_versions_reaches_the_pusher_through_the_cli(tmp_path, capsys):
+    out = tmp_path / "job.json"
+    assert cli.main(["compile", "--engine", "vertex", "--image", "img:1", "--pipeline-root", "gs://b/root",
+                     "--corpus", "gs://b/corpus", "--output", str(out), "--preset", "tiny",
+                     "--keep-versions", "2"]) == 0
+    job = json.loads(out.read_text())
+    pusher = job["pipelineSpec"]["root"]["dag"]["tasks"]["Pusher"]["inputs"]["parameters"]["custom_config"]
+    assert json.loads(pusher["runtimeValue"]["constantValue"]["stringValue"]) == {"keep_versions": 2}
+    args = cli._build_parser().parse_args(["run", "--keep-versions", "0"])
+    assert cli._config_from_args(args).keep_versions == 0
 
 
 def _corpus_missing(tmp_path):
@@ -102,3 +150,35 @@ def test_summary_names_the_spans_trained_on():
     assert "/c/span-{SPAN}/* (spans 2, 3)" in window and "246 documents" in window and "(the newest span)" in window
     single = report.format_summary({"corpus": "/c/a.txt", "span": 0, "spans": [0]})
     assert "/c/a.txt (span 0)" in single and "newest span" not in single
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("beam", [[], ["--beam-arg=--direct_running_mode=multi_processing",
+                                       "--beam-arg=--direct_num_workers=2"]], ids=["in_memory", "multi_processing"])
+def test_a_malformed_jsonl_line_is_bad_input_in_any_beam_mode(tmp_path, capsys, beam):
+    """It passes the pre-flight (which reads only the start) and fails ExampleGen, in this process or in a
+    Beam worker: either way exit 2, the file and line named, nothing pushed."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    good = "\n".join(json.dumps({"text": f"Document number {i} has some words in it."}) for i in range(50))
+    (corpus / "docs.jsonl").write_text(good + "\n{not json\n")
+    output = tmp_path / "out"
+    code = cli.main(["run", "--corpus", str(corpus), "--output", str(output), "--preset", "tiny",
+                     "--train-steps", "2", *beam])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE
+    assert f"deepseek-tfx: error: {corpus / 'docs.jsonl'}:51: not valid JSON" in err
+    assert not os.path.exists(output / "serving_model")
+
+
+@pytest.mark.slow
+def test_a_failed_component_exits_1_and_pushes_nothing(tmp_path, capsys):
+    """TokenizerGen fails: 300 pieces cannot cover the characters of a Chinese text."""
+    from tests.conftest import LUNYU, shared_file
+
+    code = cli.main(["run", "--corpus", str(shared_file(LUNYU)), "--output", str(tmp_path / "out"),
+                     "--preset", "tiny", "--train-steps", "2", "--vocab-size", "300"])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_FAILED
+    assert "deepseek-tfx: pipeline failed: TokenizerError: TokenizerConfig.vocab_size=300 is too small" in err
+    assert not os.path.exists(tmp_path / "out" / "serving_model")
