@@ -114,3 +114,18 @@ def test_executor_learns_from_a_capped_sample_and_can_carry_over(tmp_path, shake
     assert (tmp_path / "tok3" / "tokenizer.model").read_bytes() == (tmp_path / "tok" / "tokenizer.model").read_bytes()
     assert carried.get_int_custom_property("reused_from_artifact_id") == out.id
     assert carried.get_int_custom_property("vocab_size") == 700
+
+
+def test_executor_records_a_reduced_vocabulary_size(tmp_path):
+    """A corpus too small for the requested size: the artifact, tokenizer.json and the model agree on less."""
+    docs = [f"a tiny corpus with few words, number {i}" for i in range(20)]
+    out = Tokenizer()
+    out.uri = str(tmp_path / "tok")
+    props = dict(kind="sentencepiece", model_type="bpe", vocab_size=5000, max_sentences=2000, seed=1)
+    Executor(Executor.Context(tmp_dir=str(tmp_path / "tmp"), unique_id="1")).Do(
+        {"examples": [_examples(tmp_path, docs)]}, {"tokenizer": [out]}, props)
+    recorded = out.get_int_custom_property("vocab_size")
+    assert 261 <= recorded < 5000
+    assert json.loads((tmp_path / "tok" / INFO_FILE).read_text())["vocab_size"] == recorded
+    assert load_tokenizer(out.uri).vocab_size == recorded
+    assert spm.SentencePieceProcessor(model_file=str(tmp_path / "tok" / "tokenizer.model")).get_piece_size() == recorded

@@ -1,6 +1,7 @@
 """The training loop: accumulation, recomputation, XLA, checkpoints, divergence, time limit, FLOPs."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ import tensorflow as tf
 from deepseek_tfx.trainer_module.config import ConfigError, ModelConfig, TrainConfig, get_preset
 from deepseek_tfx.trainer_module.flops import measure_matmul_peak, training_flops_per_token
 from deepseek_tfx.trainer_module.model import DeepSeekLM
-from deepseek_tfx.trainer_module.train_loop import Checkpointer, TrainLoop, make_optimizer
+from deepseek_tfx.trainer_module.train_loop import Checkpointer, TrainLoop, WarmupCosine, make_optimizer
 
 TINY = get_preset("tiny").model.replace(vocab_size=97, bias_update_speed=0.0)
 STEP = TrainConfig(train_steps=20, batch_size=4, warmup_steps=2, log_every=5, checkpoint_every=0,
@@ -57,14 +58,39 @@ def test_recomputed_attention_gives_the_same_gradients():
     _assert_same_loss_and_gradients(_loop(), _loop(recompute=True), rtol=1e-5)
 
 
+def _attention_calls_in_one_gradient(loop) -> int:
+    """How often the blocks' attention ran while computing one batch's gradients (eagerly)."""
+    calls = []
+    for block in loop.model.blocks:
+        real = block.attn.call
+
+        def counted(*args, _real=real, **kwargs):
+            calls.append(1)
+            return _real(*args, **kwargs)
+
+        block.attn.call = counted
+    loop._accumulated_gradients(*_first(_data()))
+    return len(calls)
+
+
+def test_recompute_attention_reruns_the_attention_in_the_backward_pass():
+    """Observed, not inferred from equal gradients: with recomputation each block's attention runs twice."""
+    blocks = len(_loop().model.blocks)
+    assert _attention_calls_in_one_gradient(_loop()) == blocks
+    assert _attention_calls_in_one_gradient(_loop(recompute=True)) == 2 * blocks
+
+
 def test_xla_compiled_step_matches_on_the_dense_model():
     dense = TINY.replace(dense=True, n_dense_layers=0)
     x, y = _first(_data())
     plain, compiled = _loop(model_cfg=dense), _loop(STEP.replace(jit_compile=True), model_cfg=dense)
     compiled.model.set_weights(plain.model.get_weights())
-    loss_a, _ = plain._accumulated_gradients(x, y)
-    loss_b, _ = compiled._gradients(x, y)
+    loss_a, grads_a = plain._accumulated_gradients(x, y)
+    loss_b, grads_b = compiled._gradients(x, y)
     assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-4)
+    assert len(grads_a) == len(grads_b) == len(plain.model.trainable_variables)
+    for a, b in zip(grads_a, grads_b, strict=True):  # XLA reorders float sums: a small tolerance
+        np.testing.assert_allclose(tf.convert_to_tensor(a), tf.convert_to_tensor(b), atol=2e-5, rtol=1e-3)
 
 
 def test_xla_with_moe_is_a_config_error():
@@ -154,3 +180,132 @@ def test_trainer_args_override_the_training_config(monkeypatch):
     assert (run.train_cfg.train_steps, run.train_cfg.eval_batches) == (7, 3)
     run = trainer._configure(SimpleNamespace(custom_config=custom, train_steps=7, eval_steps=None))
     assert run.train_cfg.eval_batches == 8
+
+
+def test_adamw_decays_matrices_only():
+    """With zero gradients Adam's step is zero, so what changes is the decoupled weight decay alone."""
+    cfg = STEP.replace(warmup_steps=0, learning_rate=0.1, weight_decay=0.5)
+    loop = _loop(cfg)
+    variables = loop.model.trainable_variables
+    before = [v.numpy().copy() for v in variables]
+    loop.optimizer.apply_gradients([(tf.zeros_like(v), v) for v in variables])
+    lr = cfg.learning_rate  # step 0 of the cosine after no warmup: the peak
+    assert any(len(v.shape) < 2 for v in variables) and any(len(v.shape) >= 2 for v in variables)
+    for v, old in zip(variables, before, strict=True):
+        expected = old if len(v.shape) < 2 else old * (1 - lr * cfg.weight_decay)  # norms' scales, biases: none
+        np.testing.assert_allclose(v.numpy(), expected, rtol=1e-6, err_msg=v.name)
+
+
+def test_learning_rate_warms_up_linearly_then_follows_a_cosine():
+    cfg = STEP.replace(train_steps=110, warmup_steps=10, learning_rate=0.02, min_learning_rate_ratio=0.1)
+    schedule = make_optimizer(_loop().model, cfg)._learning_rate  # the schedule the optimizer steps
+    assert isinstance(schedule, WarmupCosine)
+    peak, low = cfg.learning_rate, cfg.learning_rate * cfg.min_learning_rate_ratio
+
+    def expected(step):
+        if step < 10:
+            return peak * step / 10
+        progress = min((step - 10) / 100, 1.0)
+        return low + (peak - low) * 0.5 * (1 + np.cos(np.pi * progress))
+
+    for step in (0, 1, 5, 9, 10, 35, 60, 85, 110, 200):
+        assert float(schedule(step)) == pytest.approx(expected(step), rel=1e-5, abs=1e-9), step
+    assert float(schedule(60)) == pytest.approx((peak + low) / 2, rel=1e-5)  # the cosine's midpoint
+
+
+def test_gradients_are_clipped_to_the_global_norm():
+    optimizer = make_optimizer(_loop().model, STEP.replace(grad_clip_norm=1.0))
+    grads = [tf.fill([3, 4], 2.0), tf.fill([5], -3.0)]  # global norm sqrt(48 + 45) > 1
+    clipped = optimizer._clip_gradients(grads)
+    assert float(tf.linalg.global_norm(clipped)) == pytest.approx(1.0, rel=1e-5)
+    ratio = clipped[0].numpy() / grads[0].numpy()
+    np.testing.assert_allclose(clipped[1].numpy() / grads[1].numpy(), ratio[0, 0], rtol=1e-6)  # one scale
+    unclipped = make_optimizer(_loop().model, STEP.replace(grad_clip_norm=0.0))._clip_gradients(grads)
+    np.testing.assert_array_equal(unclipped[0].numpy(), grads[0].numpy())
+
+
+@pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_training_steps(precision):
+    """A few real steps under each mixed policy: float16 with dynamic loss scaling, bfloat16 without."""
+    import tf_keras as keras
+
+    cfg = STEP.replace(precision=precision)
+    keras.mixed_precision.set_global_policy(precision)
+    try:
+        loop = _loop(cfg)
+        compute = "float16" if precision == "mixed_float16" else "bfloat16"
+        assert loop.model.blocks[0].attn.compute_dtype == compute
+        assert loop.model.trainable_variables[0].dtype == tf.float32  # float32 master weights
+        scaled = isinstance(loop.optimizer, keras.mixed_precision.LossScaleOptimizer)
+        assert scaled == (precision == "mixed_float16")
+        before = [v.numpy().copy() for v in loop.model.trainable_variables]
+        result = loop.train(_data(), 3)
+        assert np.isfinite(result.last_loss) and result.steps == 3
+        assert any(not np.array_equal(b, v.numpy()) for b, v in zip(before, loop.model.trainable_variables,
+                                                                      strict=True))
+        if scaled:
+            assert float(loop.optimizer.loss_scale) > 1  # dynamic scaling in use
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+class _FakeStrategy:
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+
+
+def test_strategy_follows_the_devices_and_the_cluster(monkeypatch):
+    from types import SimpleNamespace
+
+    from deepseek_tfx.trainer_module import trainer
+
+    mirrored = type("Mirrored", (_FakeStrategy,), {})
+    multi_worker = type("MultiWorker", (_FakeStrategy,), {})
+    monkeypatch.setattr(tf.distribute, "MirroredStrategy", mirrored)
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", multi_worker)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    devices = {"GPU": []}
+    monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: devices.get(kind, []))
+
+    assert trainer.get_strategy() is tf.distribute.get_strategy()  # one device: the default strategy
+    devices["GPU"] = [SimpleNamespace(name="/GPU:0")]
+    assert trainer.get_strategy() is tf.distribute.get_strategy()  # one GPU: still no mirroring
+    devices["GPU"] = [SimpleNamespace(name="/GPU:0"), SimpleNamespace(name="/GPU:1")]
+    assert isinstance(trainer.get_strategy(), mirrored)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
+                                                "task": {"type": "worker", "index": 1}}))
+    assert isinstance(trainer.get_strategy(), multi_worker)
+    assert trainer.task_info() == (False, 1)
+
+
+def test_checkpoint_directory_is_keyed_by_inputs_base_model_steps_and_config(tmp_path):
+    """A rerun with any of these changed must not resume a stale checkpoint; the same inputs must resume."""
+    from types import SimpleNamespace
+
+    from deepseek_tfx.trainer_module import trainer
+
+    def fn_args(**changes):
+        fields = dict(train_files=[str(tmp_path / "train-0")], transform_output=str(tmp_path / "tft"),
+                      base_model=None, train_steps=10,
+                      model_run_dir=str(tmp_path / "root" / "Trainer" / "model_run" / "7"))
+        return SimpleNamespace(**{**fields, **changes})
+
+    custom = {"model": TINY.to_dict(), "train": STEP.to_dict(), "preset": "tiny"}
+    base = trainer.checkpoint_dir(fn_args(), custom)
+    assert base.startswith(str(tmp_path / "root" / "Trainer" / "checkpoints"))
+    assert trainer.checkpoint_dir(fn_args(model_run_dir=str(tmp_path / "root" / "Trainer" / "model_run" / "8")),
+                                  custom) == base  # a new execution of the same inputs resumes
+    changed = {
+        "inputs": trainer.checkpoint_dir(fn_args(train_files=[str(tmp_path / "train-1")]), custom),
+        "transform": trainer.checkpoint_dir(fn_args(transform_output=str(tmp_path / "tft2")), custom),
+        "base model": trainer.checkpoint_dir(fn_args(base_model=str(tmp_path / "blessed")), custom),
+        "steps": trainer.checkpoint_dir(fn_args(train_steps=11), custom),
+        "learning rate": trainer.checkpoint_dir(
+            fn_args(), {**custom, "train": STEP.replace(learning_rate=1e-4).to_dict()}),
+        "model config": trainer.checkpoint_dir(fn_args(), {**custom, "model": TINY.replace(d_model=32).to_dict()}),
+    }
+    for what, directory in changed.items():
+        assert directory != base, what
+    assert len(set(changed.values())) == len(changed)
+    elsewhere = trainer.checkpoint_dir(fn_args(), {**custom, "checkpoint_root": "gs://bucket/ckpt"})
+    assert elsewhere == "gs://bucket/ckpt/" + os.path.basename(base)  # the root is not part of the key

@@ -151,3 +151,53 @@ def test_two_workers_train_identical_weights_and_only_the_chief_exports(trainer_
     assert not os.path.exists(worker.serving_model_dir)
     checkpoints = tf.train.get_checkpoint_state(trainer.checkpoint_dir(chief, custom)).all_model_checkpoint_paths
     assert [c.rsplit("-")[-1] for c in checkpoints] == ["10", "20"]
+
+
+def _tensorboard(directory: str) -> dict:
+    """{tag: [(step, Summary.Value), ...]} from the event files in ``directory``."""
+    import collections
+    import glob
+
+    found = collections.defaultdict(list)
+    for path in sorted(glob.glob(os.path.join(directory, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                found[value.tag].append((event.step, value))
+    return found
+
+
+def test_tensorboard_logs_train_eval_and_hparams(trainer_inputs, tmp_path):
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    custom = {**_custom(eval_every=20), "checkpoint_root": str(tmp_path / "ckpt")}
+    args = fn_args(trainer_inputs, str(tmp_path), 40, custom)
+    trainer.run_fn(args)
+    run_dir = args.model_run_dir
+
+    train = _tensorboard(os.path.join(run_dir, "train"))
+    every_log = list(range(5, 41, 5))  # log_every=5
+    for tag in ("train/loss", "train/grad_norm", "train/learning_rate", "train/tokens_per_second", "train/mfu"):
+        assert [step for step, _ in train[tag]] == every_log, tag
+    moe_layers = TINY.model.n_layers - TINY.model.n_dense_layers
+    assert {t for t in train if t.startswith("moe/")} == {f"moe/load_max_over_mean/{i}" for i in range(moe_layers)}
+    losses = [float(tf.make_ndarray(v.tensor)) for _, v in train["train/loss"]]
+    assert losses[-1] < losses[0] and all(math.isfinite(x) for x in losses)
+    assert float(tf.make_ndarray(train["train/loss"][-1][1].tensor)) == pytest.approx(
+        _summary(args)["final_train_loss"], rel=1e-5)
+
+    evaluation = _tensorboard(os.path.join(run_dir, "eval"))
+    assert [step for step, _ in evaluation["eval/loss"]] == [20, 40]  # every eval_every steps, and at the end
+    assert float(tf.make_ndarray(evaluation["eval/loss"][-1][1].tensor)) == pytest.approx(
+        _summary(args)["eval_loss_sampled"], rel=1e-5)
+
+    hparams = [v for values in _tensorboard(os.path.join(run_dir, "hparams")).values() for _, v in values
+               if v.metadata.plugin_data.plugin_name == "hparams"]
+    recorded = {}
+    for value in hparams:
+        data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+        for name, v in data.session_start_info.hparams.items():
+            recorded[name] = v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind"))
+    assert recorded["preset"] == "tiny"
+    assert recorded["model/d_model"] == TINY.model.d_model
+    assert recorded["train/learning_rate"] == pytest.approx(TINY.train.learning_rate)
+    assert recorded["train/eval_every"] == 20
