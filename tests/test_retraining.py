@@ -88,9 +88,15 @@ def test_retrain_on_new_spans(tmp_path, shakespeare, capsys):
     before = _states(store)
     store, _ = _retrain(corpus, output, "--last-spans", "2")  # no new span
     new = {(node, state) for node, state, _ in _states(store) - before}
-    assert {node for node, state in new if state != metadata_store_pb2.Execution.CACHED} <= \
-        {"span_window_resolver", "blessed_model_tokenizer_resolver", "warm_start_model_resolver",
-         "latest_blessed_model_resolver"}
+    resolvers = {"span_window_resolver", "blessed_model_tokenizer_resolver", "warm_start_model_resolver",
+                 "latest_blessed_model_resolver"}
+    assert {node for node, state in new if state != metadata_store_pb2.Execution.CACHED} <= resolvers
+    # Exactly one new execution of every node: the components cached, the resolvers (MLMD queries) complete.
+    components = ("TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator", "TokenizerGen", "Transform",
+                  "Trainer", "Evaluator", "Pusher")
+    assert collections.Counter((node, state) for node, state, _ in _states(store) - before) == collections.Counter(
+        {**{(node, metadata_store_pb2.Execution.CACHED): 1 for node in components},
+         **{(node, metadata_store_pb2.Execution.COMPLETE): 1 for node in resolvers}})
     assert sorted(os.listdir(serving)) == sorted([v1, v2])
 
     # A new tokenizer and a worse (one-step) model: perplexities over different vocabularies are not
