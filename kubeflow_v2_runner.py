@@ -17,7 +17,6 @@ import sys
 
 from deepseek_tfx.pipeline import kubeflow_runner  # first: the project package sets TF_USE_LEGACY_KERAS
 from deepseek_tfx.pipeline.config import config_from_env
-from tfx import v1 as tfx
 
 REQUIRED = ("DEEPSEEK_TFX_IMAGE", "DEEPSEEK_TFX_PIPELINE_ROOT", "DEEPSEEK_TFX_CORPUS")
 
@@ -31,10 +30,7 @@ def run() -> None:
         image=image, pipeline_root=os.environ["DEEPSEEK_TFX_PIPELINE_ROOT"], corpus=os.environ["DEEPSEEK_TFX_CORPUS"],
         corpus_pattern=os.environ.get("DEEPSEEK_TFX_CORPUS_PATTERN", "span-{SPAN}/*"),
         config=config_from_env(os.environ))
-    runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
-        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(default_image=image),
-        output_filename=os.environ.get("DEEPSEEK_TFX_OUTPUT_FILE", "deepseek-tfx.json"))
-    runner.run(pipeline)
+    kubeflow_runner.dag_runner(image, os.environ.get("DEEPSEEK_TFX_OUTPUT_FILE", "deepseek-tfx.json")).run(pipeline)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,16 @@ def version(artifact) -> int:
     return 0 if value in (None, "") else int(value)
 
 
+def artifact_type_name(store, artifact) -> str:
+    """The name of an artifact's type (e.g. ``Examples``, ``deepseek_tfx.Tokenizer``)."""
+    return store.get_artifact_types_by_id([_proto(artifact).type_id])[0].name
+
+
+def execution_type_name(store, execution) -> str:
+    """The name of an execution's type (TFX uses the component's class path)."""
+    return store.get_execution_types_by_id([execution.type_id])[0].name
+
+
 def node_executions(store, pipeline_name: str, node_id: str) -> list:
     """Finished executions (complete or cached) of one pipeline node, oldest first."""
     context = store.get_context_by_type_and_name("node", f"{pipeline_name}.{node_id}")

@@ -180,6 +180,8 @@ def _cmd_generate(args) -> int:
             texts = client.rest_generate(args.server, args.model, args.prompt, **options)
         else:
             texts = client.grpc_generate(args.grpc, args.model, args.prompt, **options)
+        if len(texts) != len(args.prompt):
+            raise ValueError(f"answered {len(texts)} text(s) for {len(args.prompt)} prompt(s)")
     except Exception as e:  # connection refused, HTTP error, unknown model: say which server said what
         print(f"deepseek-tfx: error: {args.server or args.grpc}: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -291,10 +293,7 @@ def _corpus_error(error: BaseException) -> str | None:
 
 
 def _root_cause(error: BaseException) -> str:
-    """The innermost error message, with CorpusError messages found even inside Beam's text."""
-    corpus = _corpus_error(error)
-    if corpus is not None:
-        return corpus
+    """The innermost error's type and last message line (corpus errors are told apart first: _corpus_error)."""
     error = _chain(error)[-1]
     text = str(error)
     return f"{type(error).__name__}: {text.strip().splitlines()[-1] if text.strip() else ''}"

@@ -23,6 +23,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import yaml
+from tfx import v1 as tfx
+
 from deepseek_tfx.components.tokenizer_consumers import vertex_training_config
 from deepseek_tfx.pipeline.config import PIPELINE_NAME, ConfigError, PipelineConfig
 from deepseek_tfx.pipeline.pipeline import create_pipeline
@@ -97,6 +100,13 @@ def build_pipeline(*, image: str, pipeline_root: str, corpus: str, corpus_patter
         portable_resolvers=True, vertex_training=vertex)
 
 
+def dag_runner(image: str, output_filename: str | None = None):
+    """TFX's KubeflowV2DagRunner with the pipeline image as every step's image."""
+    return tfx.orchestration.experimental.KubeflowV2DagRunner(
+        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(default_image=image),
+        output_filename=output_filename)
+
+
 def compile_pipeline(*, engine: str, image: str, output: str | None = None,
                      pipeline_name: str = PIPELINE_NAME, **options) -> str:
     """Compiles the pipeline for ``engine``; writes it to ``output`` and returns its path.
@@ -110,22 +120,16 @@ def compile_pipeline(*, engine: str, image: str, output: str | None = None,
     Raises:
         ConfigError: an unknown engine, or as ``build_pipeline``.
     """
-    from tfx import v1 as tfx  # noqa: PLC0415  (TFX's Kubeflow V2 runner: only when compiling)
-
     if engine not in ENGINES:
         raise ConfigError(f"--engine must be one of {ENGINES}, got {engine!r}")
     pipeline = build_pipeline(image=image, pipeline_name=pipeline_name, **options)
     output = output or f"{pipeline_name}.{'json' if engine == 'vertex' else 'yaml'}"
-    runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
-        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(default_image=image))
-    job = runner.run(pipeline, write_out=False)
+    job = dag_runner(image).run(pipeline, write_out=False)
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(output, "w", encoding="utf-8") as f:
         if engine == "vertex":
             json.dump(job, f, indent=2, sort_keys=True)
         else:
-            import yaml  # noqa: PLC0415
-
             yaml.safe_dump(job["pipelineSpec"], f, sort_keys=False)
     return output
 

@@ -122,6 +122,9 @@ class _Resolvers:
         """The Examples of the last ``num_spans`` spans (None for one span)."""
         if num_spans <= 1:
             return None
+        if self.portable:
+            raise ConfigError("PipelineConfig.last_spans must be 1 for Kubeflow Pipelines / Vertex AI: the "
+                              f"span-window resolver does not compile there (got {num_spans})")
         window = tfx.dsl.Resolver(
             strategy_class=LastSpansStrategy,
             config={"num_spans": num_spans},
@@ -226,9 +229,6 @@ def create_pipeline(
             (components.tokenizer_consumers.vertex_training_config) instead of in
             the pipeline step; None trains in the step.
     """
-    if config.last_spans > 1 and portable_resolvers:
-        raise ConfigError("PipelineConfig.last_spans must be 1 for Kubeflow Pipelines / Vertex AI: the "
-                          f"span-window resolver does not compile there (got {config.last_spans})")
     resolvers = _Resolvers(portable_resolvers)
     example_gen = _example_gen(corpus_base, corpus_pattern, config)
     statistics_gen, schema_gen, example_validator = _data_checks(example_gen)

@@ -30,7 +30,7 @@ from deepseek_tfx.components.mlmd import (
     single,
 )
 from deepseek_tfx.pipeline.config import EVALUATOR, EXAMPLE_GEN, PUSHER, TRAINER, TRANSFORM
-from deepseek_tfx.trainer_module.trainer import SUMMARY_FILE
+from deepseek_tfx.trainer_module.config import SUMMARY_FILE
 
 def _read_json(path: str) -> dict | None:
     if not tf.io.gfile.exists(path):
@@ -159,7 +159,7 @@ def pushed_versions_lines(store) -> list[str]:
 
 
 def _describe_artifact(store, artifact) -> str:
-    type_name = store.get_artifact_types_by_id([artifact.type_id])[0].name
+    type_name = mlmd.artifact_type_name(store, artifact)
     details = []
     for name in (PUSHED_VERSION_PROPERTY, BLESSED_PROPERTY, SPAN_PROPERTY, "corpus_documents", "corpus_bytes"):
         value = prop(artifact, name)
@@ -188,7 +188,7 @@ def lineage_lines(store, artifact, max_depth: int = 8) -> list[str]:
         execution = mlmd.producer(store, art.id)
         if execution is None or depth >= max_depth:
             return
-        exec_type = store.get_execution_types_by_id([execution.type_id])[0].name.split(".")[-1]
+        exec_type = mlmd.execution_type_name(store, execution).split(".")[-1]
         node = prop(execution, "component_id") or exec_type
         lines.append(f"{indent}    made by {node} (execution #{execution.id})")
         input_base = prop(execution, "input_base")

@@ -17,17 +17,19 @@ class Lineage:
         self.execution_type = self.store.put_execution_type(metadata_store_pb2.ExecutionType(name="step"))
         self.node_type = self.store.put_context_type(metadata_store_pb2.ContextType(name="node"))
         self.nodes = {}
+        self.uris = []
 
     def artifact(self, cls, **custom_properties):
         """A stored artifact of TFX class ``cls`` with int or str custom properties, as a TFX Artifact."""
         type_id = self.store.put_artifact_type(metadata_store_pb2.ArtifactType(name=cls.TYPE_NAME))
-        proto = metadata_store_pb2.Artifact(type_id=type_id, uri=f"/fake/{cls.TYPE_NAME}")
+        proto = metadata_store_pb2.Artifact(type_id=type_id, uri=f"/fake/{cls.TYPE_NAME}/{len(self.uris)}")
         for name, value in custom_properties.items():
             if isinstance(value, str):
                 proto.custom_properties[name].string_value = value
             else:
                 proto.custom_properties[name].int_value = value
         [artifact_id] = self.store.put_artifacts([proto])
+        self.uris.append(proto.uri)
         artifact = cls()
         artifact.set_mlmd_artifact(self.store.get_artifacts_by_id([artifact_id])[0])
         return artifact

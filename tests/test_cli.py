@@ -8,7 +8,8 @@ import pytest
 from deepseek_tfx.pipeline import cli, report
 
 
-COMMANDS = ("run", "retrain", "compile", "submit", "lineage", "generate")
+COMMANDS = {"run": "--corpus", "retrain": "--last-spans", "compile": "--engine", "submit": "--package",
+            "lineage": "--metadata", "generate": "--server"}  # each command with one option of its own
 
 
 def test_the_command_list_is_complete():
@@ -24,7 +25,9 @@ def test_every_command_has_help(argv, capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"usage: deepseek-tfx {argv[0] if len(argv) > 1 else ''}".rstrip())
     if len(argv) > 1:
-        assert "--" in out.split("options:", 1)[1]  # the command's own options are documented
+        assert f"\n  {COMMANDS[argv[0]]}" in out.split("options:", 1)[1]  # its own options, documented
+    else:
+        assert all(command in out for command in COMMANDS)
 
 
 def test_beam_mode_follows_the_corpus_size_and_beam_args_win(tmp_path, monkeypatch):
@@ -155,9 +158,14 @@ def test_summary_names_the_spans_trained_on():
 @pytest.mark.slow
 @pytest.mark.parametrize("beam", [[], ["--beam-arg=--direct_running_mode=multi_processing",
                                        "--beam-arg=--direct_num_workers=2"]], ids=["in_memory", "multi_processing"])
-def test_a_malformed_jsonl_line_is_bad_input_in_any_beam_mode(tmp_path, capsys, beam):
+def test_a_malformed_jsonl_line_is_bad_input_in_any_beam_mode(tmp_path, capsys, monkeypatch, beam):
     """It passes the pre-flight (which reads only the start) and fails ExampleGen, in this process or in a
     Beam worker: either way exit 2, the file and line named, nothing pushed."""
+    from deepseek_tfx.components.text_corpus import CorpusError
+
+    seen = []
+    real = cli._corpus_error
+    monkeypatch.setattr(cli, "_corpus_error", lambda e: seen.append(e) or real(e))
     corpus = tmp_path / "c"
     corpus.mkdir()
     good = "\n".join(json.dumps({"text": f"Document number {i} has some words in it."}) for i in range(50))
@@ -169,6 +177,9 @@ def test_a_malformed_jsonl_line_is_bad_input_in_any_beam_mode(tmp_path, capsys, 
     assert code == cli.EXIT_USAGE
     assert f"deepseek-tfx: error: {corpus / 'docs.jsonl'}:51: not valid JSON" in err
     assert not os.path.exists(output / "serving_model")
+    # In memory the CorpusError itself arrives; from a worker process only its text does.
+    raised_here = any(isinstance(e, CorpusError) for e in cli._chain(seen[0]))
+    assert raised_here == (not beam)
 
 
 @pytest.mark.slow

@@ -28,6 +28,15 @@ def test_properties_and_spans_read_the_same_from_protos_and_tfx_artifacts():
     assert mlmd.span(bare) == 0 and mlmd.span(bare, None) is None and mlmd.version(bare) == 0
 
 
+def test_type_names():
+    w = Lineage()
+    tokenizer = w.artifact(Tokenizer)
+    execution_id = w.execution({}, {"tokenizer": [tokenizer]})
+    assert mlmd.artifact_type_name(w.store, tokenizer) == "deepseek_tfx.Tokenizer"
+    assert mlmd.artifact_type_name(w.store, w.store.get_artifacts_by_id([tokenizer.id])[0]) == "deepseek_tfx.Tokenizer"
+    assert mlmd.execution_type_name(w.store, w.store.get_executions_by_id([execution_id])[0]) == "step"
+
+
 def test_node_executions_are_the_finished_ones_oldest_first():
     w = Lineage()
     states = [Execution.COMPLETE, Execution.FAILED, Execution.CACHED, Execution.RUNNING, Execution.COMPLETE]

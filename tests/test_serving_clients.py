@@ -125,6 +125,14 @@ def test_generate_command_fails_when_the_rest_server_answers_500(rest_stub, caps
     assert "500" in err
 
 
+def test_generate_command_fails_when_the_server_answers_too_few_texts(rest_stub, capsys):
+    rest_stub.reply = {"outputs": {"text": [" one"]}}
+    code = cli.main(["generate", "--server", rest_stub.url, "first", "second"])
+    out, err = capsys.readouterr()
+    assert code == cli.EXIT_FAILED and out == ""
+    assert err == f"deepseek-tfx: error: {rest_stub.url}: answered 1 text(s) for 2 prompt(s)\n"
+
+
 @pytest.fixture
 def grpc_stub():
     """An in-process PredictionService: records each PredictRequest and answers ``texts`` (or ``abort``)."""

@@ -239,11 +239,17 @@ def test_mixed_precision_training_steps(precision):
         scaled = isinstance(loop.optimizer, keras.mixed_precision.LossScaleOptimizer)
         assert scaled == (precision == "mixed_float16")
         before = [v.numpy().copy() for v in loop.model.trainable_variables]
+        calls = []
+        if scaled:  # the step scales the loss and unscales the gradients (observed when it is traced)
+            for name in ("get_scaled_loss", "get_unscaled_gradients"):
+                real = getattr(loop.optimizer, name)
+                setattr(loop.optimizer, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
         result = loop.train(_data(), 3)
         assert np.isfinite(result.last_loss) and result.steps == 3
         assert any(not np.array_equal(b, v.numpy()) for b, v in zip(before, loop.model.trainable_variables,
                                                                       strict=True))
         if scaled:
+            assert set(calls) == {"get_scaled_loss", "get_unscaled_gradients"}
             assert float(loop.optimizer.loss_scale) > 1  # dynamic scaling in use
     finally:
         keras.mixed_precision.set_global_policy("float32")

@@ -13,6 +13,10 @@ from typing import Any
 from collections.abc import Mapping
 
 
+SUMMARY_FILE = "training_summary.json"
+"""What run_fn writes into the ModelRun directory: steps, tokens/s, MFU, losses and the configs it trained with."""
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field."""
 

@@ -28,14 +28,13 @@ import tensorflow_transform as tft
 import tf_keras as keras
 
 from deepseek_tfx.trainer_module import data, export
-from deepseek_tfx.trainer_module.config import ConfigError, ModelConfig, TrainConfig
+from deepseek_tfx.trainer_module.config import SUMMARY_FILE, ConfigError, ModelConfig, TrainConfig
 from deepseek_tfx.trainer_module.model import DeepSeekLM
 from deepseek_tfx.trainer_module.flops import compute_dtype, measure_matmul_peak, training_flops_per_token
 from deepseek_tfx.trainer_module.train_loop import Checkpointer, TrainLoop, make_optimizer
 from deepseek_tfx.trainer_module.tokenizer import TOKENIZER_DIR_KEY, load_tokenizer
 
 log = logging.getLogger(__name__)
-SUMMARY_FILE = "training_summary.json"
 
 
 def _tf_config() -> dict:
