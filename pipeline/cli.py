@@ -154,6 +154,9 @@ def _add_local_args(parser) -> None:
     parser.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
                         help="ML Metadata store: OUTPUT/metadata.sqlite, or MySQL from "
                              "DEEPSEEK_TFX_MYSQL_{HOST,PORT,DATABASE,USER,PASSWORD}")
+    parser.add_argument("--wait", action="store_true",
+                        help="when another run holds the output directory, wait for it to end (default: exit 2 "
+                             "at once, naming that run)")
 
 
 def _config_from_args(args):
@@ -198,7 +201,7 @@ def _metadata(args):
 
 def _cmd_run(args) -> int:
     from deepseek_tfx.components.text_corpus import CorpusError
-    from deepseek_tfx.pipeline import local_runner, report
+    from deepseek_tfx.pipeline import local_runner, report, run_lock
     from deepseek_tfx.trainer_module.config import ConfigError
 
     try:
@@ -211,7 +214,10 @@ def _cmd_run(args) -> int:
         return EXIT_USAGE
     try:
         summary = local_runner.run(output=args.output, config=config, corpus=args.corpus,
-                                   beam_args=args.beam_arg, metadata=metadata)
+                                   beam_args=args.beam_arg, metadata=metadata, wait=args.wait)
+    except run_lock.RunLockedError as e:
+        print(f"deepseek-tfx: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except Exception as e:  # a component failed: show the root cause, not Beam's wrapping
         bad_input = _corpus_error(e)
         if bad_input is not None:  # the corpus, found bad by ExampleGen: bad input, in any Beam mode

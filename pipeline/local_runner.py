@@ -11,6 +11,7 @@ Layout under the output directory:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from tfx import v1 as tfx
 from deepseek_tfx.components import mlmd
 from deepseek_tfx.components.text_corpus import CorpusError
 from deepseek_tfx.pipeline import corpus as corpus_lib
-from deepseek_tfx.pipeline import report
+from deepseek_tfx.pipeline import report, run_lock
 from deepseek_tfx.pipeline.config import EXAMPLE_GEN, PIPELINE_NAME, PipelineConfig
 from deepseek_tfx.pipeline.pipeline import create_ingest_pipeline, create_pipeline
 from deepseek_tfx.serving import tf_serving
@@ -187,10 +188,12 @@ def prepare(
     return LocalRun(pipeline, config, layout, base, pattern, metadata, beam_args)
 
 
-def run(**options) -> dict:
+def run(*, wait: bool = False, **options) -> dict:
     """Checks the corpus, runs the whole pipeline, and returns the MLMD run summary.
 
     ``options`` are prepare()'s keyword arguments (output, config, corpus, beam_args, metadata, pipeline_name).
+    The run holds the output directory's lock throughout (pipeline.run_lock): another run on the same output
+    raises RunLockedError at once, or is waited for with ``wait``.
 
     Spans of the ``last_spans`` window that no run has read are read first (backfill_spans).
     After a push, TF Serving's configs are written beside the model directory.
@@ -199,7 +202,12 @@ def run(**options) -> dict:
         components.text_corpus.CorpusError: the corpus cannot produce documents
             (raised before any component runs).
     """
-    local = prepare(**options)
+    output = os.path.abspath(options["output"])
+    with run_lock.output_lock(output, wait=wait) if "://" not in output else contextlib.nullcontext():
+        return _run(prepare(**options))
+
+
+def _run(local: LocalRun) -> dict:
     pipeline_name, config = local.pipeline.pipeline_info.pipeline_name, local.config
     backfill_spans(pipeline_name=pipeline_name, pipeline_root=local.layout.pipeline_root, base=local.corpus_base,
                    pattern=local.corpus_pattern, config=config, metadata=local.metadata, beam_args=local.beam_args)
