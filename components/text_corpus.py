@@ -157,9 +157,17 @@ def _jsonl_documents(stream, path: str, stats: FileStats, text_field: str) -> It
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise CorpusError(f"{path}:{number}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise CorpusError(f"{path}:{number}: JSON nested too deeply to read") from None
         if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
             raise CorpusError(f"{path}:{number}: expected an object with a string field {text_field!r}")
-        yield record[text_field]
+        text = record[text_field]
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # valid JSON ("\ud800"), but not text: a lone UTF-16 surrogate
+            raise CorpusError(f"{path}:{number}: field {text_field!r} holds a lone surrogate "
+                              f"{text[e.start]!r} at character {e.start}, which is not valid Unicode") from None
+        yield text
 
 
 def read_documents(path: str, stats: FileStats, max_document_chars: int,

@@ -63,8 +63,10 @@ def check(base: str, pattern: str) -> tuple[list[str], list[str]]:
         text_corpus.CorpusError: naming the file or pattern and the problem.
     """
     glob_pattern = os.path.join(base, pattern)
-    if "{SPAN}" in pattern or "{VERSION}" in pattern:
-        glob_pattern = glob_pattern.replace("{SPAN}", "*").replace("{VERSION}", "*")
+    if "{SPAN}" in pattern:  # ExampleGen reads the latest span: check that one (or every span, if unnumbered)
+        spans = span_numbers(base)
+        glob_pattern = glob_pattern.replace("{SPAN}", str(spans[-1]) if spans else "*")
+    glob_pattern = glob_pattern.replace("{VERSION}", "*")
     files, skipped = text_corpus.list_corpus_files(glob_pattern)
     for path in files[:1000]:
         with tf.io.gfile.GFile(path, "rb") as f:
@@ -86,13 +88,13 @@ def write_default_corpus(directory: str) -> str:
     """
     from pydoc_data import topics  # noqa: PLC0415
 
-    os.makedirs(directory, exist_ok=True)
+    tf.io.gfile.makedirs(directory)
     path = os.path.join(directory, "pydoc_topics.txt")
     text = "\n\n".join(topics.topics[k].strip("\n") for k in sorted(topics.topics)) + "\n"
-    if not os.path.exists(path) or open(path, encoding="utf-8").read() != text:
+    if not tf.io.gfile.exists(path) or tf.io.gfile.GFile(path, "r").read() != text:
         tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
+        with tf.io.gfile.GFile(tmp, "w") as f:
             f.write(text)
-        os.replace(tmp, path)
+        tf.io.gfile.rename(tmp, path, overwrite=True)
     return path
 

@@ -86,18 +86,35 @@ def mysql_connection(env: dict) -> metadata_store_pb2.ConnectionConfig:
         raise ValueError(f"--metadata mysql needs the environment variables {missing}")
     config = metadata_store_pb2.ConnectionConfig()
     config.mysql.host = env["DEEPSEEK_TFX_MYSQL_HOST"]
-    config.mysql.port = int(env["DEEPSEEK_TFX_MYSQL_PORT"])
+    try:
+        config.mysql.port = int(env["DEEPSEEK_TFX_MYSQL_PORT"])
+    except ValueError:
+        raise ValueError(f"DEEPSEEK_TFX_MYSQL_PORT must be a port number, got {env['DEEPSEEK_TFX_MYSQL_PORT']!r}"
+                         ) from None
     config.mysql.database = env["DEEPSEEK_TFX_MYSQL_DATABASE"]
     config.mysql.user = env["DEEPSEEK_TFX_MYSQL_USER"]
     config.mysql.password = env.get("DEEPSEEK_TFX_MYSQL_PASSWORD", "")
     return config
 
 
+def absolute(path: str) -> str:
+    """A local path made absolute; a URI (``gs://bucket/out``) left as it is, never turned into a local path."""
+    return path if "://" in path else os.path.abspath(path)
+
+
 def metadata_connection(kind: str, output: str, env: dict) -> metadata_store_pb2.ConnectionConfig:
-    """The ML Metadata store of ``--metadata kind``: OUTPUT/metadata.sqlite, or MySQL from ``env``."""
+    """The ML Metadata store of ``--metadata kind``: OUTPUT/metadata.sqlite, or MySQL from ``env``.
+
+    Raises:
+        ValueError: SQLite asked for with a remote output (SQLite needs a local file), or MySQL variables
+            missing or malformed (named).
+    """
     if kind == "mysql":
         return mysql_connection(env)
-    return sqlite_connection(Layout(os.path.abspath(output)).metadata_path)
+    if "://" in output:
+        raise ValueError(f"--metadata sqlite keeps ML Metadata in OUTPUT/metadata.sqlite, a local file, which "
+                         f"cannot live on {output}: use --metadata mysql with a remote --output")
+    return sqlite_connection(Layout(absolute(output)).metadata_path)
 
 
 def require_spans(corpus: str) -> None:
@@ -167,10 +184,10 @@ def prepare(
     Raises:
         components.text_corpus.CorpusError: the corpus cannot produce documents.
     """
-    layout = Layout(os.path.abspath(output), config.model_name)
+    layout = Layout(absolute(output), config.model_name)
     if corpus is None:
         corpus = corpus_lib.write_default_corpus(layout.default_corpus_dir)
-    base, pattern = corpus_lib.resolve(os.path.abspath(corpus) if "://" not in corpus else corpus)
+    base, pattern = corpus_lib.resolve(absolute(corpus))
     files, _ = corpus_lib.check(base, pattern)
     corpus_bytes = sum(os.path.getsize(f) for f in files) if "://" not in base else None
     metadata = metadata or sqlite_connection(layout.metadata_path)
@@ -202,7 +219,7 @@ def run(*, wait: bool = False, **options) -> dict:
         components.text_corpus.CorpusError: the corpus cannot produce documents
             (raised before any component runs).
     """
-    output = os.path.abspath(options["output"])
+    output = absolute(options["output"])
     with run_lock.output_lock(output, wait=wait) if "://" not in output else contextlib.nullcontext():
         return _run(prepare(**options))
 

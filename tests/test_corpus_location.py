@@ -1,5 +1,7 @@
 """How a --corpus argument maps onto ExampleGen's input_base and pattern."""
 
+import pytest
+
 from deepseek_tfx.pipeline import corpus
 
 
@@ -24,3 +26,46 @@ def test_default_corpus_is_builtin_and_stable(tmp_path):
     assert (tmp_path / "pydoc_topics.txt").stat().st_mtime_ns == mtime  # unchanged file, TFX cache holds
     files, skipped = corpus.check(str(tmp_path), "*")
     assert files == [path] and skipped == []
+
+
+def test_pre_flight_reads_only_the_latest_span(tmp_path):
+    """ExampleGen reads the latest span; an older span's problems are not this run's (it was read before)."""
+    for span, content in ((1, b"\x7fELF\x00binary"), (2, b"Old text.\n"), (10, b"New text.\n")):
+        (tmp_path / f"span-{span}").mkdir()
+        (tmp_path / f"span-{span}" / "part.txt").write_bytes(content)
+    files, _ = corpus.check(str(tmp_path), "span-{SPAN}/*")
+    assert files == [str(tmp_path / "span-10" / "part.txt")]  # by number: 10 after 2
+
+
+def test_remote_outputs_stay_remote(tmp_path, monkeypatch):
+    """TensorFlow's ram:// filesystem stands in for gs://: the layout, the default corpus and the pipeline's
+    paths stay on it, and nothing named after the scheme appears on the local disk."""
+    from ml_metadata.proto import metadata_store_pb2
+
+    from deepseek_tfx.pipeline import local_runner
+    from deepseek_tfx.pipeline.config import PipelineConfig
+
+    monkeypatch.chdir(tmp_path)
+    fake_store = metadata_store_pb2.ConnectionConfig()
+    fake_store.fake_database.SetInParent()
+    local = local_runner.prepare(output="ram://bucket/out", config=PipelineConfig(preset="tiny"), metadata=fake_store)
+    assert local.layout.pipeline_root == "ram://bucket/out/pipeline_root"
+    assert local.layout.serving_model_dir == "ram://bucket/out/serving_model/deepseek"
+    assert local.corpus == "ram://bucket/out/default_corpus/pydoc_topics.txt"
+    assert local.pipeline.pipeline_info.pipeline_root == "ram://bucket/out/pipeline_root"
+    assert local.beam_args[1] == "--direct_running_mode=multi_processing"  # size unknown on a remote store
+    assert list(tmp_path.iterdir()) == []  # no ./ram:/bucket/out
+    with pytest.raises(ValueError, match="cannot live on ram://bucket/out: use --metadata mysql"):
+        local_runner.metadata_connection("sqlite", "ram://bucket/out", {})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_mysql_settings_name_the_variable():
+    from deepseek_tfx.pipeline import local_runner
+
+    env = {"DEEPSEEK_TFX_MYSQL_HOST": "h", "DEEPSEEK_TFX_MYSQL_PORT": "abc", "DEEPSEEK_TFX_MYSQL_DATABASE": "d",
+           "DEEPSEEK_TFX_MYSQL_USER": "u"}
+    with pytest.raises(ValueError, match="DEEPSEEK_TFX_MYSQL_PORT must be a port number, got 'abc'"):
+        local_runner.mysql_connection(env)
+    with pytest.raises(ValueError, match="DEEPSEEK_TFX_MYSQL_HOST"):
+        local_runner.mysql_connection({k: v for k, v in env.items() if k != "DEEPSEEK_TFX_MYSQL_HOST"})

@@ -83,3 +83,15 @@ def test_listing_errors_and_skipped_files(tmp_path):
     files, skipped = text_corpus.list_corpus_files(str(tmp_path))
     assert [p.rsplit("/", 1)[1] for p in files] == ["a.txt"]
     assert [p.rsplit("/", 1)[1] for p in skipped] == ["photo.png"]
+
+
+def test_jsonl_that_is_valid_json_but_not_text_names_the_file_and_line(tmp_path):
+    surrogate = tmp_path / "surrogate.jsonl"
+    surrogate.write_text('{"text": "fine"}\n{"text": "broken \\ud800 here"}\n')
+    with pytest.raises(CorpusError, match=r"surrogate.jsonl:2: field 'text' holds a lone surrogate '\\ud800' at "
+                                          r"character 7, which is not valid Unicode"):
+        docs_of(surrogate)
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"text": "fine"}\n' + "[" * 200_000 + "]" * 200_000 + "\n")
+    with pytest.raises(CorpusError, match=r"deep.jsonl:2: JSON nested too deeply to read"):
+        docs_of(deep)
