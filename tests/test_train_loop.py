@@ -1,6 +1,7 @@
 """The training loop: accumulation, recomputation, XLA, checkpoints, divergence, time limit, FLOPs."""
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -315,3 +316,46 @@ def test_checkpoint_directory_is_keyed_by_inputs_base_model_steps_and_config(tmp
     assert len(set(changed.values())) == len(changed)
     elsewhere = trainer.checkpoint_dir(fn_args(), {**custom, "checkpoint_root": "gs://bucket/ckpt"})
     assert elsewhere == "gs://bucket/ckpt/" + os.path.basename(base)  # the root is not part of the key
+
+
+def _three_checkpoints(tmp_path):
+    """Checkpoints at steps 5, 10, 15, and the weights the model had at step 10."""
+    loop = _loop(STEP.replace(checkpoint_every=5))
+    ckpt = Checkpointer(loop.model, loop.optimizer, str(tmp_path), keep=3)
+    loop.train(_data(), 10, checkpointer=ckpt)
+    at_10 = [w.copy() for w in loop.model.get_weights()]
+    loop.train(_data().skip(10), 15, start_step=10, checkpointer=ckpt)
+    return at_10
+
+
+def _restore_fresh(tmp_path):
+    fresh = _loop(seed=5)
+    fresh.optimizer.build(fresh.model.trainable_variables)
+    return fresh, Checkpointer(fresh.model, fresh.optimizer, str(tmp_path), keep=3).restore()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "deleted"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_good_one(tmp_path, caplog, damage):
+    at_10 = _three_checkpoints(tmp_path)
+    newest = tmp_path / "ckpt-15.data-00000-of-00001"
+    if damage == "truncated":  # a crash while writing it
+        newest.write_bytes(newest.read_bytes()[:100])
+    else:  # its files gone, the state file still naming it
+        newest.unlink()
+        (tmp_path / "ckpt-15.index").unlink()
+    with caplog.at_level(logging.WARNING, logger="deepseek_tfx.trainer_module.train_loop"):
+        fresh, step = _restore_fresh(tmp_path)
+    assert step == 10 and int(fresh.optimizer.iterations) == 10
+    for a, b in zip(at_10, fresh.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert f"Checkpoint {tmp_path / 'ckpt-15'} cannot be restored" in caplog.text
+
+
+def test_no_restorable_checkpoint_starts_from_zero_and_says_so(tmp_path, caplog):
+    _three_checkpoints(tmp_path)
+    for data in tmp_path.glob("ckpt-*.data-*"):
+        data.write_bytes(b"")
+    with caplog.at_level(logging.WARNING, logger="deepseek_tfx.trainer_module.train_loop"):
+        _, step = _restore_fresh(tmp_path)
+    assert step == 0
+    assert "No checkpoint in" in caplog.text and "training starts from step 0" in caplog.text

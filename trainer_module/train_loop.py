@@ -95,14 +95,35 @@ class Checkpointer:
         self._manager = tf.train.CheckpointManager(self._checkpoint, target, max_to_keep=keep)
         self.last_step: int | None = None
 
+    def _saved(self) -> list[str]:
+        """Checkpoint prefixes in ``directory``, newest step first: those the state file lists (even when their
+        files are gone) and any ``ckpt-N.index`` on disk."""
+        state = tf.train.get_checkpoint_state(self.directory)
+        listed = [os.path.join(self.directory, os.path.basename(p))
+                  for p in (state.all_model_checkpoint_paths if state else [])]
+        on_disk = [p[:-len(".index")] for p in tf.io.gfile.glob(os.path.join(self.directory, "ckpt-*.index"))]
+        return sorted(set(listed) | set(on_disk), key=lambda p: int(p.rsplit("-", 1)[-1]), reverse=True)
+
     def restore(self) -> int:
-        """Restores the newest checkpoint in ``directory``, if any; returns its step (0 if none)."""
-        latest = tf.train.latest_checkpoint(self.directory)
-        if latest is None:
-            return 0
-        self._checkpoint.restore(latest).assert_existing_objects_matched()
-        self.last_step = int(latest.rsplit("-", 1)[-1])
-        return self.last_step
+        """Restores the newest good checkpoint in ``directory``; returns its step (0 if there is none).
+
+        A checkpoint that cannot be restored (truncated or missing files, a mismatch) is skipped with a
+        warning naming it, and the next older one is tried: a crash while writing the newest checkpoint
+        costs the steps since the one before, not the whole run.
+        """
+        for path in self._saved():
+            try:
+                self._checkpoint.restore(path).assert_existing_objects_matched()
+            except Exception as e:  # any failure to read it: try the next older one
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                log.warning("Checkpoint %s cannot be restored (%s: %s); trying an older one", path,
+                            type(e).__name__, reason)
+                continue
+            self.last_step = int(path.rsplit("-", 1)[-1])
+            return self.last_step
+        if self._saved():
+            log.warning("No checkpoint in %s could be restored; training starts from step 0", self.directory)
+        return 0
 
     def save(self, step: int) -> None:
         self._manager.save(checkpoint_number=step)
