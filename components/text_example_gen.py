@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 from typing import Any
 
@@ -31,6 +32,7 @@ from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.proto import example_gen_pb2, range_config_pb2
 from tfx.types import artifact_utils, channel, standard_artifacts, standard_component_specs
 from tfx.types.component_spec import ExecutionParameter
+from tfx.utils import proto_utils
 
 from deepseek_tfx.components import text_corpus
 
@@ -137,6 +139,30 @@ def _TextToExample(pipeline: beam.Pipeline, exec_properties: dict[str, Any],  # 
     return results.examples
 
 
+def _split_is_empty(examples_uri: str, split: str) -> bool:
+    files = tf.io.gfile.glob(os.path.join(examples_uri, f"Split-{split}", "*"))
+    return not files or not any(True for _ in tf.data.TFRecordDataset(files, compression_type="GZIP").take(1))
+
+
+def _check_splits_not_empty(examples_uri: str, exec_properties: dict, documents: int) -> None:
+    """A corpus too small to put a document in every split fails here, with what is needed.
+
+    (Downstream, an empty eval split would fail Transform with a bare ``KeyError: 'text'``.)
+    """
+    output_config = example_gen_pb2.Output()
+    proto_utils.json_to_proto(exec_properties[standard_component_specs.OUTPUT_CONFIG_KEY], output_config)
+    splits = output_config.split_config.splits
+    total = sum(s.hash_buckets for s in splits)
+    for split in splits:
+        if _split_is_empty(examples_uri, split.name):
+            share = split.hash_buckets / total
+            raise text_corpus.CorpusError(
+                f"the corpus is too small: its {documents} document(s) left the {split.name!r} split empty "
+                f"(it takes {share:.0%} of the documents by a hash of their text); give it at least "
+                f"about {math.ceil(3 / share)} documents (paragraphs separated by blank lines, or .jsonl records), "
+                "or a larger --eval-fraction")
+
+
 class Executor(base_example_gen_executor.BaseExampleGenExecutor):
     """Beam executor of TextExampleGen; records corpus figures on the Examples artifact."""
 
@@ -151,6 +177,7 @@ class Executor(base_example_gen_executor.BaseExampleGenExecutor):
         super().Do(input_dict, output_dict, exec_properties)
         with tf.io.gfile.GFile(summary_path) as f:
             summary = json.load(f)
+        _check_splits_not_empty(examples.uri, exec_properties, summary["documents"])
         for key in _SUMMARY_COUNTS:
             examples.set_int_custom_property(f"corpus_{key}", int(summary[key]))
         examples.set_string_custom_property("corpus_pattern", summary["pattern"])

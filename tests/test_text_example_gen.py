@@ -92,3 +92,16 @@ def test_component_validates_its_parameters():
     assert input_config.splits[0].pattern == "span-{SPAN}/*"
     buckets = {s.name: s.hash_buckets for s in output_config.split_config.splits}
     assert buckets == {"train": 950, "eval": 50}
+
+
+def test_a_corpus_too_small_for_an_eval_split_is_a_clear_error(tmp_path):
+    """Three paragraphs and a 10% eval split: the eval split would be empty and Transform would fail later
+    with a bare KeyError; ExampleGen says what is needed instead."""
+    from deepseek_tfx.components.text_corpus import CorpusError
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("First paragraph.\n\nSecond paragraph.\n\nThird paragraph.\n")
+    with pytest.raises(CorpusError, match=r"the corpus is too small: its 3 document\(s\) left the 'eval' split "
+                                          r"empty .* at least about 30 documents .* or a larger --eval-fraction"):
+        run_executor(tmp_path, corpus)
