@@ -35,6 +35,8 @@ PLAIN_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".rst")
 JSONL_SUFFIXES = (".jsonl",)
 SUPPORTED_SUFFIXES = PLAIN_SUFFIXES + JSONL_SUFFIXES
 BINARY_SNIFF_BYTES = 8192
+MAX_LINE_BYTES = 1 << 20
+"""Default bound on the bytes read as one line (PipelineConfig.max_line_bytes): longer lines are read in pieces."""
 
 
 class CorpusError(ValueError):
@@ -87,6 +89,26 @@ def list_corpus_files(pattern: str) -> tuple[list[str], list[str]]:
     return supported, skipped
 
 
+class _Prefixed(io.RawIOBase):
+    """``head``, then the rest of ``stream``, as one raw stream: io.BufferedReader over it gives a bounded
+    ``readline(limit)`` (GFile's readline has no limit)."""
+
+    def __init__(self, head: bytes, stream):
+        self._head, self._stream = memoryview(head), stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if len(self._head):
+            n = min(len(buffer), len(self._head))
+            buffer[:n], self._head = self._head[:n], self._head[n:]
+            return n
+        data = self._stream.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
 def _open_binary(path: str):
     raw = tf.io.gfile.GFile(path, "rb")
     if path.lower().endswith(".gz"):
@@ -127,29 +149,66 @@ def check_not_binary(path: str, head: bytes) -> None:
         raise CorpusError(f"{path}: binary data (NUL byte at offset {nul}); not a text file")
 
 
-def _lines(stream, path: str) -> Iterator[bytes]:
+def _utf8_split(piece: bytes) -> tuple[bytes, bytes]:
+    """(whole characters, the incomplete UTF-8 sequence at the end, if any), for a piece cut mid-line."""
+    for back in range(1, min(3, len(piece)) + 1):
+        byte = piece[-back]
+        if byte & 0xC0 == 0x80:  # a continuation byte: look further back for its lead byte
+            continue
+        if byte >= 0xC0 and (2 if byte < 0xE0 else 3 if byte < 0xF0 else 4) > back:
+            return piece[:-back], piece[-back:]
+        break
+    return piece, b""
+
+
+def _lines(stream, path: str, max_line_bytes: int) -> Iterator[tuple[bytes, bool]]:
+    """(piece, whether it ends its line): lines, each read in pieces of at most ``max_line_bytes``.
+
+    Memory stays bounded whatever the line length (a small .gz can inflate to one huge line); a piece cut
+    mid-line ends on a whole UTF-8 character, the rest of the character starting the next piece.
+    """
     head = stream.read(BINARY_SNIFF_BYTES)
     check_not_binary(path, head)
-    # Complete the sniffed block's last line, then stream the rest line by line.
-    yield from io.BytesIO(head + stream.readline())
-    yield from stream
+    reader = io.BufferedReader(_Prefixed(head, stream))
+    pending, carry = None, b""
+    for chunk in iter(lambda: reader.readline(max_line_bytes), b""):
+        piece, carry = carry + chunk, b""
+        if not piece.endswith(b"\n"):  # cut at the bound (or the file's end): keep whole characters
+            piece, carry = _utf8_split(piece)
+            if not piece:
+                continue
+        if pending is not None:
+            yield pending
+        pending = (piece, piece.endswith(b"\n"))
+    if pending is not None or carry:  # the file's last line ends there, newline or not
+        yield (pending[0] if pending else b"") + carry, True
 
 
-def _plain_documents(stream, path: str, stats: FileStats) -> Iterator[str]:
+def _plain_documents(stream, path: str, stats: FileStats, max_line_bytes: int) -> Iterator[tuple[str, bool]]:
+    """(text, whether the document ends there): paragraphs, a huge one handed on in bounded pieces."""
     paragraph: list[str] = []
-    for raw in _lines(stream, path):
+    size = 0
+    for raw, _ in _lines(stream, path, max_line_bytes):
         line = _decode(raw, stats)
         if line.strip():
             paragraph.append(line)
+            size += len(raw)
+            if size >= max_line_bytes:  # an endless paragraph: pass on what is read so far, keep memory bounded
+                yield "".join(paragraph), False
+                paragraph, size = [], 0
         elif paragraph:
-            yield "".join(paragraph)
-            paragraph = []
+            yield "".join(paragraph), True
+            paragraph, size = [], 0
     if paragraph:
-        yield "".join(paragraph)
+        yield "".join(paragraph), True
 
 
-def _jsonl_documents(stream, path: str, stats: FileStats, text_field: str) -> Iterator[str]:
-    for number, raw in enumerate(_lines(stream, path), start=1):
+def _jsonl_documents(stream, path: str, stats: FileStats, text_field: str,
+                     max_line_bytes: int) -> Iterator[str]:
+    for number, (raw, whole) in enumerate(_lines(stream, path, max_line_bytes), start=1):
+        if not whole:
+            raise CorpusError(f"{path}:{number}: line longer than {max_line_bytes:,} bytes (max_line_bytes); "
+                              "a JSON record cannot be read in pieces: split it, or raise max_line_bytes")
         line = _decode(raw, stats)
         if not line.strip():
             continue
@@ -167,11 +226,11 @@ def _jsonl_documents(stream, path: str, stats: FileStats, text_field: str) -> It
         except UnicodeEncodeError as e:  # valid JSON ("\ud800"), but not text: a lone UTF-16 surrogate
             raise CorpusError(f"{path}:{number}: field {text_field!r} holds a lone surrogate "
                               f"{text[e.start]!r} at character {e.start}, which is not valid Unicode") from None
-        yield text
+        yield text, True
 
 
 def read_documents(path: str, stats: FileStats, max_document_chars: int,
-                   text_field: str = "text") -> Iterator[str]:
+                   text_field: str = "text", max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
     """Yields the documents (chunked) of one file and fills ``stats`` as it goes.
 
     Raises:
@@ -182,18 +241,23 @@ def read_documents(path: str, stats: FileStats, max_document_chars: int,
         raise CorpusError(f"{path}: unsupported file type; expected one of {SUPPORTED_SUFFIXES}")
     try:
         with _open_binary(path) as stream:
-            docs = (_plain_documents(stream, path, stats) if kind == "plain"
-                    else _jsonl_documents(stream, path, stats, text_field))
-            for doc in docs:
-                doc = doc.strip("\n")
-                if not doc.strip():
-                    continue
-                pieces = chunk_document(doc, max_document_chars)
-                stats.documents += 1
-                stats.chunked_documents += len(pieces) > 1
-                for piece in pieces:
-                    stats.bytes += len(piece.encode("utf-8"))
-                    yield piece
+            docs = (_plain_documents(stream, path, stats, max_line_bytes) if kind == "plain"
+                    else _jsonl_documents(stream, path, stats, text_field, max_line_bytes))
+            chunks_so_far = 0  # of the document being read (a huge one arrives in several parts)
+            for text, ends in docs:
+                if not chunks_so_far:
+                    text = text.lstrip("\n")
+                if ends:
+                    text = text.rstrip("\n")
+                chunks = chunk_document(text, max_document_chars) if text.strip() else []
+                for chunk in chunks:
+                    stats.bytes += len(chunk.encode("utf-8"))
+                    yield chunk
+                chunks_so_far += len(chunks)
+                if ends and chunks_so_far:
+                    stats.documents += 1
+                    stats.chunked_documents += chunks_so_far > 1
+                    chunks_so_far = 0
     except (OSError, EOFError, gzip.BadGzipFile, tf.errors.OpError) as e:
         raise CorpusError(f"{path}: cannot be read ({e})") from None
 

@@ -41,6 +41,7 @@ TEXT_FEATURE = "text"
 SUMMARY_FILE = "corpus_summary.json"
 MAX_DOCUMENT_CHARS_KEY = "max_document_chars"
 TEXT_FIELD_KEY = "text_field"
+MAX_LINE_BYTES_KEY = "max_line_bytes"
 _SUMMARY_PATH_KEY = "_corpus_summary_path"
 _SUMMARY_COUNTS = ("files", "skipped_files", "documents", "chunked_documents", "bytes",
                    "replaced_invalid_utf8")
@@ -57,14 +58,15 @@ def text_to_example(text: str) -> bytes:
 class _ReadFile(beam.DoFn):
     """File path -> serialized examples, plus one stats dict on the 'stats' output."""
 
-    def __init__(self, max_document_chars: int, text_field: str):
+    def __init__(self, max_document_chars: int, text_field: str, max_line_bytes: int):
         self._max_document_chars = max_document_chars
         self._text_field = text_field
+        self._max_line_bytes = max_line_bytes
 
     def process(self, path: str):
         stats = text_corpus.FileStats(path=path)
         for doc in text_corpus.read_documents(path, stats, self._max_document_chars,
-                                              self._text_field):
+                                              self._text_field, self._max_line_bytes):
             yield text_to_example(doc)
         if stats.replaced_invalid_utf8:
             log.warning("%s: replaced %d invalid UTF-8 byte sequence(s) with U+FFFD",
@@ -130,7 +132,8 @@ def _TextToExample(pipeline: beam.Pipeline, exec_properties: dict[str, Any],  # 
         | "ListFiles" >> beam.Create(files)
         | "SpreadFiles" >> beam.Reshuffle()
         | "ReadDocuments" >> beam.ParDo(_ReadFile(
-            exec_properties[MAX_DOCUMENT_CHARS_KEY], exec_properties[TEXT_FIELD_KEY])
+            exec_properties[MAX_DOCUMENT_CHARS_KEY], exec_properties[TEXT_FIELD_KEY],
+            exec_properties.get(MAX_LINE_BYTES_KEY) or text_corpus.MAX_LINE_BYTES)
         ).with_outputs("stats", main="examples"))
     _ = (results.stats
          | "MergeStats" >> beam.CombineGlobally(_MergeStats())
@@ -190,6 +193,7 @@ class TextExampleGenSpec(standard_component_specs.FileBasedExampleGenSpec):
         **standard_component_specs.FileBasedExampleGenSpec.PARAMETERS,
         MAX_DOCUMENT_CHARS_KEY: ExecutionParameter(type=int),
         TEXT_FIELD_KEY: ExecutionParameter(type=str),
+        MAX_LINE_BYTES_KEY: ExecutionParameter(type=int, optional=True),
     }
 
 
@@ -202,6 +206,7 @@ class TextExampleGen(FileBasedExampleGen):
         eval_fraction: share of documents hashed into the ``eval`` split.
         max_document_chars: longer documents are split into chunks of at most this size.
         text_field: field holding the text in ``.jsonl`` records.
+        max_line_bytes: lines are read in pieces of at most this many bytes (text_corpus.read_documents).
         range_config: optional span range (default: the latest span).
     """
 
@@ -210,6 +215,7 @@ class TextExampleGen(FileBasedExampleGen):
 
     def __init__(self, input_base: str, input_pattern: str = "*", eval_fraction: float = 0.1,
                  max_document_chars: int = 4096, text_field: str = "text",
+                 max_line_bytes: int = text_corpus.MAX_LINE_BYTES,
                  range_config: range_config_pb2.RangeConfig | None = None):
         if not 0.0 < eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be within (0, 1), got {eval_fraction}")
@@ -233,6 +239,7 @@ class TextExampleGen(FileBasedExampleGen):
             examples=channel.Channel(type=standard_artifacts.Examples),
             max_document_chars=max_document_chars,
             text_field=text_field,
+            max_line_bytes=max_line_bytes,
         )
         # FileBasedExampleGen.__init__ builds its own spec; ours extends it, so
         # initialise the Beam component base directly.

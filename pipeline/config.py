@@ -33,6 +33,9 @@ class PipelineConfig:
     """Longer documents are split into chunks of at most this many characters."""
     text_field: str = "text"
     """Field that holds the text in .jsonl corpora."""
+    max_line_bytes: int = 1 << 20
+    """Lines are read in pieces of at most this many bytes (memory stays bounded); a longer .jsonl line is an
+    error, a longer plain-text paragraph is split as long documents are."""
     max_perplexity: float | None = None
     """Absolute upper bound on eval perplexity for blessing; None: no bound on perplexity."""
     max_bits_per_byte: float | None = 4.0
@@ -62,6 +65,8 @@ class PipelineConfig:
                       f"must be > 0, got {self.train_steps}")
         require_field(0.0 < self.eval_fraction < 1.0, name, "eval_fraction",
                       f"must be within (0, 1), got {self.eval_fraction}")
+        require_field(self.max_line_bytes >= 4096, name, "max_line_bytes",
+                      f"must be >= 4096, got {self.max_line_bytes}")
         require_field(self.max_document_chars >= 64, name, "max_document_chars",
                       f"must be >= 64, got {self.max_document_chars}")
         require_field(self.max_perplexity is None or self.max_perplexity > 1.0, name, "max_perplexity",

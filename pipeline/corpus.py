@@ -49,6 +49,16 @@ def span_numbers(base: str) -> list[int]:
                   if m)
 
 
+def uncompressed_size(path: str) -> int:
+    """Bytes the file holds as text: a .gz file's size from its trailer (ISIZE, the size modulo 2**32)."""
+    size = tf.io.gfile.stat(path).length
+    if not path.lower().endswith(".gz") or size < 18:
+        return size
+    with tf.io.gfile.GFile(path, "rb") as f:
+        f.seek(size - 4)
+        return max(int.from_bytes(f.read(4), "little"), size)
+
+
 def check(base: str, pattern: str) -> tuple[list[str], list[str]]:
     """Fails fast, before any component runs, on a corpus that cannot produce documents.
 

@@ -189,7 +189,7 @@ def prepare(
         corpus = corpus_lib.write_default_corpus(layout.default_corpus_dir)
     base, pattern = corpus_lib.resolve(absolute(corpus))
     files, _ = corpus_lib.check(base, pattern)
-    corpus_bytes = sum(os.path.getsize(f) for f in files) if "://" not in base else None
+    corpus_bytes = sum(corpus_lib.uncompressed_size(f) for f in files) if "://" not in base else None
     metadata = metadata or sqlite_connection(layout.metadata_path)
     beam_args = [*default_beam_args(corpus_bytes), *beam_args]
     pipeline = create_pipeline(

@@ -88,6 +88,7 @@ def _example_gen(corpus_base: str, corpus_pattern: str, config: PipelineConfig, 
             start_span_number=span, end_span_number=span))
     return TextExampleGen(input_base=corpus_base, input_pattern=corpus_pattern, eval_fraction=config.eval_fraction,
                           max_document_chars=config.max_document_chars, text_field=config.text_field,
+                          max_line_bytes=config.max_line_bytes,
                           range_config=range_config).with_id(EXAMPLE_GEN)
 
 

@@ -69,3 +69,20 @@ def test_mysql_settings_name_the_variable():
         local_runner.mysql_connection(env)
     with pytest.raises(ValueError, match="DEEPSEEK_TFX_MYSQL_HOST"):
         local_runner.mysql_connection({k: v for k, v in env.items() if k != "DEEPSEEK_TFX_MYSQL_HOST"})
+
+
+def test_beam_mode_is_sized_on_uncompressed_bytes(tmp_path):
+    """A 70 KB .gz holding 70 MB of text runs Beam with worker processes, as 70 MB of plain text would."""
+    import gzip
+
+    from deepseek_tfx.pipeline import local_runner
+    from deepseek_tfx.pipeline.config import PipelineConfig
+
+    text = b"Some words on a line.\n\n" * 3_000_000  # 69 MB
+    with gzip.open(tmp_path / "big.txt.gz", "wb", compresslevel=1) as f:
+        f.write(text)
+    assert (tmp_path / "big.txt.gz").stat().st_size < 1_000_000
+    assert corpus.uncompressed_size(str(tmp_path / "big.txt.gz")) == len(text)
+    local = local_runner.prepare(output=str(tmp_path / "out"), config=PipelineConfig(preset="tiny"),
+                                 corpus=str(tmp_path / "big.txt.gz"))
+    assert local.beam_args[1] == "--direct_running_mode=multi_processing"

@@ -95,3 +95,52 @@ def test_jsonl_that_is_valid_json_but_not_text_names_the_file_and_line(tmp_path)
     deep.write_text('{"text": "fine"}\n' + "[" * 200_000 + "]" * 200_000 + "\n")
     with pytest.raises(CorpusError, match=r"deep.jsonl:2: JSON nested too deeply to read"):
         docs_of(deep)
+
+
+def test_lines_are_read_in_bounded_pieces_that_end_on_whole_characters(tmp_path):
+    """A small .gz inflating to one 48 MB line: memory stays bounded, nothing is lost or mangled."""
+    import tracemalloc
+
+    unit = "naïve café, 東京 "  # 1-, 2- and 3-byte UTF-8 characters: pieces must not cut one in two
+    line = unit * (48_000_000 // len(unit.encode()))
+    path = tmp_path / "one_line.txt.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write(line)
+    assert path.stat().st_size < 1_000_000
+    stats = FileStats(path=str(path))
+    tracemalloc.start()
+    try:
+        size = total = 0
+        first = last = ""
+        for chunk in read_documents(str(path), stats, 4096, max_line_bytes=1 << 20):
+            size = max(size, len(chunk))
+            total += len(chunk)
+            first, last = first or chunk, chunk
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20  # the whole line would be 48 MB of bytes plus its decoded text
+    assert size <= 4096 and total == len(line)  # documents lose only surrounding newlines
+    assert line.startswith(first) and line.endswith(last)
+    assert stats.replaced_invalid_utf8 == 0  # no character cut at a piece boundary
+    assert stats.documents == 1 and stats.chunked_documents == 1  # still one document, chunked
+
+
+def test_pieces_join_back_exactly_at_any_bound(tmp_path):
+    text = ("naïve café, 東京\n" * 3 + "\n" + "x" * 5000 + "é" * 3000 + "\n\nlast\n")
+    path = tmp_path / "a.txt"
+    path.write_text(text, encoding="utf-8")
+    for bound in (4096, 4097, 4099, 10_000, 20_000):
+        stats = FileStats(path=str(path))
+        docs = list(read_documents(str(path), stats, 1 << 20, max_line_bytes=bound))
+        assert docs[0] == ("naïve café, 東京\n" * 3).rstrip("\n") and docs[-1] == "last", bound
+        assert "".join(docs[1:-1]) == "x" * 5000 + "é" * 3000, bound  # 11,000 bytes: in parts when over the bound
+        assert stats.documents == 3 and stats.chunked_documents == (bound < 11_000), bound
+        assert stats.replaced_invalid_utf8 == 0
+
+
+def test_a_jsonl_line_over_the_bound_is_named(tmp_path):
+    path = tmp_path / "big.jsonl"
+    path.write_text('{"text": "fine"}\n' + json.dumps({"text": "y" * 10_000}) + "\n")
+    with pytest.raises(CorpusError, match=r"big.jsonl:2: line longer than 4,096 bytes \(max_line_bytes\)"):
+        list(read_documents(str(path), FileStats(path=str(path)), 4096, max_line_bytes=4096))
