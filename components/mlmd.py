@@ -47,7 +47,8 @@ PUSHED_DESTINATION_PROPERTY = "pushed_destination"
 BLESSED_PROPERTY = "blessed"
 
 PUSHED_MODEL_TYPE = "PushedModel"
-_DONE = (metadata_store_pb2.Execution.COMPLETE, metadata_store_pb2.Execution.CACHED)
+COMPLETE = metadata_store_pb2.Execution.COMPLETE
+_DONE = (COMPLETE, metadata_store_pb2.Execution.CACHED)
 OUTPUT_EVENTS = (metadata_store_pb2.Event.OUTPUT, metadata_store_pb2.Event.DECLARED_OUTPUT)
 INPUT_EVENTS = (metadata_store_pb2.Event.INPUT, metadata_store_pb2.Event.DECLARED_INPUT)
 

@@ -52,6 +52,9 @@ class PipelineConfig:
     """What TokenizerGen learns when it learns a tokenizer."""
     retrain_tokenizer: bool = False
     """Learn a new tokenizer even when a blessed model exists (default: reuse the blessed model's)."""
+    remove_checkpoints_after_push: bool = True
+    """After a push, delete the checkpoints of every Trainer execution that finished (they exported their
+    model; a checkpoint is only needed to resume a Trainer that died). False keeps them."""
     warm_start: bool = True
     """Start training from the latest blessed model's weights when it is compatible."""
     last_spans: int = 1

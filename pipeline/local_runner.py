@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 from collections.abc import Sequence
 
+import tensorflow as tf
 from ml_metadata.proto import metadata_store_pb2
 from tfx import v1 as tfx
 
@@ -26,6 +28,8 @@ from deepseek_tfx.pipeline import report, run_lock
 from deepseek_tfx.pipeline.config import EXAMPLE_GEN, PIPELINE_NAME, PipelineConfig
 from deepseek_tfx.pipeline.pipeline import create_ingest_pipeline, create_pipeline
 from deepseek_tfx.serving import tf_serving
+
+log = logging.getLogger(__name__)
 
 MYSQL_ENV = ("DEEPSEEK_TFX_MYSQL_HOST", "DEEPSEEK_TFX_MYSQL_PORT", "DEEPSEEK_TFX_MYSQL_DATABASE",
              "DEEPSEEK_TFX_MYSQL_USER", "DEEPSEEK_TFX_MYSQL_PASSWORD")
@@ -126,6 +130,17 @@ def require_spans(corpus: str) -> None:
     if not corpus_lib.span_numbers(corpus):
         raise CorpusError(f"retrain needs a corpus laid out in spans ({corpus}/span-1/, span-2/, ...); "
                           "found no span-N directory")
+
+
+def remove_finished_checkpoints(store, pipeline_name: str) -> list[str]:
+    """Deletes the checkpoint directories of finished Trainer executions; returns those it deleted."""
+    removed = []
+    for directory in report.finished_trainer_checkpoints(store, pipeline_name):
+        if tf.io.gfile.exists(directory):
+            tf.io.gfile.rmtree(directory)
+            removed.append(directory)
+            log.info("Removed the checkpoints of a finished training: %s", directory)
+    return removed
 
 
 def backfill_spans(*, pipeline_name: str, pipeline_root: str, base: str, pattern: str, config: PipelineConfig,
@@ -235,6 +250,9 @@ def _run(local: LocalRun) -> dict:
         configs = tf_serving.write_configs(os.path.dirname(local.layout.serving_model_dir), config.model_name)
         summary["serve_command"] = configs.pop("docker")
         summary["serving_configs"] = configs
+        if config.remove_checkpoints_after_push:
+            summary["removed_checkpoints"] = remove_finished_checkpoints(mlmd.open_store(local.metadata),
+                                                                         pipeline_name)
     metadata = local.metadata
     if metadata.HasField("sqlite"):
         summary["metadata"] = metadata.sqlite.filename_uri

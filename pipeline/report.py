@@ -206,6 +206,19 @@ def lineage_lines(store, artifact, max_depth: int = 8) -> list[str]:
 
 
 
+def finished_trainer_checkpoints(store, pipeline_name: str) -> list[str]:
+    """Checkpoint directories of the Trainer executions that finished (each recorded in its training summary)."""
+    found = []
+    for execution in mlmd.node_executions(store, pipeline_name, TRAINER):
+        if execution.last_known_state != mlmd.COMPLETE:  # a cached one points at a completed one's outputs
+            continue
+        for model_run in mlmd.execution_artifacts(store, execution.id).get(MODEL_RUN_KEY, []):
+            training = _read_json(os.path.join(model_run.uri, SUMMARY_FILE)) or {}
+            if training.get("checkpoint_dir") and training["checkpoint_dir"] not in found:
+                found.append(training["checkpoint_dir"])
+    return found
+
+
 class NothingToReportError(Exception):
     """The store has nothing to report yet; the message says what to run first."""
 

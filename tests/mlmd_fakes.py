@@ -19,10 +19,10 @@ class Lineage:
         self.nodes = {}
         self.uris = []
 
-    def artifact(self, cls, **custom_properties):
+    def artifact(self, cls, uri: str | None = None, **custom_properties):
         """A stored artifact of TFX class ``cls`` with int or str custom properties, as a TFX Artifact."""
         type_id = self.store.put_artifact_type(metadata_store_pb2.ArtifactType(name=cls.TYPE_NAME))
-        proto = metadata_store_pb2.Artifact(type_id=type_id, uri=f"/fake/{cls.TYPE_NAME}/{len(self.uris)}")
+        proto = metadata_store_pb2.Artifact(type_id=type_id, uri=uri or f"/fake/{cls.TYPE_NAME}/{len(self.uris)}")
         for name, value in custom_properties.items():
             if isinstance(value, str):
                 proto.custom_properties[name].string_value = value

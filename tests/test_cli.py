@@ -193,3 +193,12 @@ def test_a_failed_component_exits_1_and_pushes_nothing(tmp_path, capsys):
     assert code == cli.EXIT_FAILED
     assert "deepseek-tfx: pipeline failed: TokenizerError: TokenizerConfig.vocab_size=300 is too small" in err
     assert not os.path.exists(tmp_path / "out" / "serving_model")
+
+
+def test_lineage_from_mysql_without_its_variables_names_them(tmp_path, capsys, monkeypatch):
+    for name in ("HOST", "PORT", "DATABASE", "USER", "PASSWORD"):
+        monkeypatch.delenv(f"DEEPSEEK_TFX_MYSQL_{name}", raising=False)
+    assert cli.main(["lineage", "--output", str(tmp_path), "--metadata", "mysql"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("deepseek-tfx: error: --metadata mysql needs the environment variables")
+    assert "DEEPSEEK_TFX_MYSQL_HOST" in err and "Traceback" not in err

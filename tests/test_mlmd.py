@@ -125,3 +125,30 @@ def test_ingested_spans_are_read_from_the_example_gen_node():
     w, _, _, _ = _pipeline_runs()
     assert mlmd.ingested_spans(w.store, PIPELINE, "TextExampleGen") == {1, 2}
     assert mlmd.ingested_spans(w.store, PIPELINE, "OtherExampleGen") == set()
+
+
+def test_after_a_push_only_finished_trainings_lose_their_checkpoints(tmp_path):
+    """Checkpoints exist to resume a Trainer that died: a failed execution's stay, a finished one's go."""
+    import json
+
+    from ml_metadata.proto import metadata_store_pb2
+
+    from deepseek_tfx.pipeline import local_runner
+
+    w = Lineage()
+    directories = {}
+    for name, state in (("done", metadata_store_pb2.Execution.COMPLETE),
+                        ("cached", metadata_store_pb2.Execution.CACHED),
+                        ("died", metadata_store_pb2.Execution.FAILED)):
+        run_dir, ckpt = tmp_path / name / "model_run", tmp_path / name / "checkpoints"
+        run_dir.mkdir(parents=True)
+        ckpt.mkdir()
+        (ckpt / "ckpt-10.index").write_text("x")
+        (run_dir / "training_summary.json").write_text(json.dumps({"checkpoint_dir": str(ckpt)}))
+        model_run = w.artifact(standard_artifacts.ModelRun, uri=str(run_dir))
+        w.execution({}, {"model_run": [model_run]}, node="Trainer", state=state)
+        directories[name] = ckpt
+    assert local_runner.remove_finished_checkpoints(w.store, PIPELINE) == [str(directories["done"])]
+    assert not directories["done"].exists()
+    assert directories["cached"].exists() and directories["died"].exists()
+    assert local_runner.remove_finished_checkpoints(w.store, PIPELINE) == []  # nothing left to remove
