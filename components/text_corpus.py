@@ -161,8 +161,9 @@ def _utf8_split(piece: bytes) -> tuple[bytes, bytes]:
     return piece, b""
 
 
-def _lines(stream, path: str, max_line_bytes: int) -> Iterator[tuple[bytes, bool]]:
-    """(piece, whether it ends its line): lines, each read in pieces of at most ``max_line_bytes``.
+def _lines(stream, path: str, max_line_bytes: int) -> Iterator[tuple[bytes, bool, bool]]:
+    """(piece, whether it starts its line, whether it ends it): lines of at most ``max_line_bytes`` bytes
+    (plus the newline), longer ones in pieces of that size.
 
     Memory stays bounded whatever the line length (a small .gz can inflate to one huge line); a piece cut
     mid-line ends on a whole UTF-8 character, the rest of the character starting the next piece.
@@ -170,8 +171,8 @@ def _lines(stream, path: str, max_line_bytes: int) -> Iterator[tuple[bytes, bool
     head = stream.read(BINARY_SNIFF_BYTES)
     check_not_binary(path, head)
     reader = io.BufferedReader(_Prefixed(head, stream))
-    pending, carry = None, b""
-    for chunk in iter(lambda: reader.readline(max_line_bytes), b""):
+    pending, carry, starts = None, b"", True
+    for chunk in iter(lambda: reader.readline(max_line_bytes + 1), b""):
         piece, carry = carry + chunk, b""
         if not piece.endswith(b"\n"):  # cut at the bound (or the file's end): keep whole characters
             piece, carry = _utf8_split(piece)
@@ -179,36 +180,44 @@ def _lines(stream, path: str, max_line_bytes: int) -> Iterator[tuple[bytes, bool
                 continue
         if pending is not None:
             yield pending
-        pending = (piece, piece.endswith(b"\n"))
+        ends = piece.endswith(b"\n")
+        pending, starts = (piece, starts, ends), ends
     if pending is not None or carry:  # the file's last line ends there, newline or not
-        yield (pending[0] if pending else b"") + carry, True
+        piece, first, _ = pending if pending else (b"", starts, True)
+        yield piece + carry, first, True
 
 
 def _plain_documents(stream, path: str, stats: FileStats, max_line_bytes: int) -> Iterator[tuple[str, bool]]:
-    """(text, whether the document ends there): paragraphs, a huge one handed on in bounded pieces."""
+    """(text, whether the document ends there): paragraphs (separated by blank lines), a huge one handed on
+    in parts of about ``max_line_bytes``; a part's trailing newlines move to the next part, so that a document
+    loses only the newlines around it."""
     paragraph: list[str] = []
-    size = 0
-    for raw, _ in _lines(stream, path, max_line_bytes):
+    size, open_document, newlines = 0, False, ""
+    for raw, starts, ends in _lines(stream, path, max_line_bytes):
         line = _decode(raw, stats)
-        if line.strip():
-            paragraph.append(line)
-            size += len(raw)
-            if size >= max_line_bytes:  # an endless paragraph: pass on what is read so far, keep memory bounded
-                yield "".join(paragraph), False
-                paragraph, size = [], 0
-        elif paragraph:
-            yield "".join(paragraph), True
-            paragraph, size = [], 0
-    if paragraph:
+        if starts and ends and not line.strip():  # a blank line: the paragraph ends
+            if paragraph or open_document:
+                yield "".join(paragraph), True
+            paragraph, size, open_document, newlines = [], 0, False, ""
+            continue
+        paragraph.append(newlines + line)
+        size, newlines = size + len(raw), ""
+        if size >= max_line_bytes:  # an endless paragraph: pass on what is read so far, keep memory bounded
+            text = "".join(paragraph)
+            part = text.rstrip("\n")
+            yield part, False
+            paragraph, size, open_document, newlines = [], 0, True, text[len(part):]
+    if paragraph or open_document:
         yield "".join(paragraph), True
 
 
 def _jsonl_documents(stream, path: str, stats: FileStats, text_field: str,
                      max_line_bytes: int) -> Iterator[str]:
-    for number, (raw, whole) in enumerate(_lines(stream, path, max_line_bytes), start=1):
-        if not whole:
-            raise CorpusError(f"{path}:{number}: line longer than {max_line_bytes:,} bytes (max_line_bytes); "
-                              "a JSON record cannot be read in pieces: split it, or raise max_line_bytes")
+    for number, (raw, starts, ends) in enumerate(_lines(stream, path, max_line_bytes), start=1):
+        if not (starts and ends):
+            raise CorpusError(f"{path}:{number}: line longer than {max_line_bytes:,} bytes "
+                              "(PipelineConfig.max_line_bytes); a JSON record cannot be read in pieces: split it, "
+                              "or raise PipelineConfig.max_line_bytes")
         line = _decode(raw, stats)
         if not line.strip():
             continue

@@ -42,6 +42,7 @@ SUMMARY_FILE = "corpus_summary.json"
 MAX_DOCUMENT_CHARS_KEY = "max_document_chars"
 TEXT_FIELD_KEY = "text_field"
 MAX_LINE_BYTES_KEY = "max_line_bytes"
+REQUIRE_EVERY_SPLIT_KEY = "require_every_split"
 _SUMMARY_PATH_KEY = "_corpus_summary_path"
 _SUMMARY_COUNTS = ("files", "skipped_files", "documents", "chunked_documents", "bytes",
                    "replaced_invalid_utf8")
@@ -159,11 +160,12 @@ def _check_splits_not_empty(examples_uri: str, exec_properties: dict, documents:
     for split in splits:
         if _split_is_empty(examples_uri, split.name):
             share = split.hash_buckets / total
+            other = "a larger" if split.name == "eval" else "a smaller"
             raise text_corpus.CorpusError(
                 f"the corpus is too small: its {documents} document(s) left the {split.name!r} split empty "
                 f"(it takes {share:.0%} of the documents by a hash of their text); give it at least "
                 f"about {math.ceil(3 / share)} documents (paragraphs separated by blank lines, or .jsonl records), "
-                "or a larger --eval-fraction")
+                f"or {other} --eval-fraction")
 
 
 class Executor(base_example_gen_executor.BaseExampleGenExecutor):
@@ -180,7 +182,8 @@ class Executor(base_example_gen_executor.BaseExampleGenExecutor):
         super().Do(input_dict, output_dict, exec_properties)
         with tf.io.gfile.GFile(summary_path) as f:
             summary = json.load(f)
-        _check_splits_not_empty(examples.uri, exec_properties, summary["documents"])
+        if exec_properties.get(REQUIRE_EVERY_SPLIT_KEY, 1):
+            _check_splits_not_empty(examples.uri, exec_properties, summary["documents"])
         for key in _SUMMARY_COUNTS:
             examples.set_int_custom_property(f"corpus_{key}", int(summary[key]))
         examples.set_string_custom_property("corpus_pattern", summary["pattern"])
@@ -194,6 +197,7 @@ class TextExampleGenSpec(standard_component_specs.FileBasedExampleGenSpec):
         MAX_DOCUMENT_CHARS_KEY: ExecutionParameter(type=int),
         TEXT_FIELD_KEY: ExecutionParameter(type=str),
         MAX_LINE_BYTES_KEY: ExecutionParameter(type=int, optional=True),
+        REQUIRE_EVERY_SPLIT_KEY: ExecutionParameter(type=int, optional=True),
     }
 
 
@@ -207,6 +211,8 @@ class TextExampleGen(FileBasedExampleGen):
         max_document_chars: longer documents are split into chunks of at most this size.
         text_field: field holding the text in ``.jsonl`` records.
         max_line_bytes: lines are read in pieces of at most this many bytes (text_corpus.read_documents).
+        require_every_split: fail when a split is left empty (off where the splits of several spans are used
+            together, as with a span window).
         range_config: optional span range (default: the latest span).
     """
 
@@ -215,7 +221,7 @@ class TextExampleGen(FileBasedExampleGen):
 
     def __init__(self, input_base: str, input_pattern: str = "*", eval_fraction: float = 0.1,
                  max_document_chars: int = 4096, text_field: str = "text",
-                 max_line_bytes: int = text_corpus.MAX_LINE_BYTES,
+                 max_line_bytes: int = text_corpus.MAX_LINE_BYTES, require_every_split: bool = True,
                  range_config: range_config_pb2.RangeConfig | None = None):
         if not 0.0 < eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be within (0, 1), got {eval_fraction}")
@@ -240,6 +246,7 @@ class TextExampleGen(FileBasedExampleGen):
             max_document_chars=max_document_chars,
             text_field=text_field,
             max_line_bytes=max_line_bytes,
+            require_every_split=int(require_every_split),
         )
         # FileBasedExampleGen.__init__ builds its own spec; ours extends it, so
         # initialise the Beam component base directly.

@@ -59,6 +59,18 @@ def uncompressed_size(path: str) -> int:
         return max(int.from_bytes(f.read(4), "little"), size)
 
 
+def _span_reader(glob_pattern: str):
+    """path -> the number that stands for ``{SPAN}`` in it (zero-padded or not, as TFX reads it)."""
+    regex = re.escape(glob_pattern).replace(r"\{SPAN\}", r"(\d+)")
+    regex = re.compile(regex.replace(r"\*", "[^/]*").replace(r"\?", "[^/]"))
+
+    def span_of(path: str) -> int:
+        match = regex.fullmatch(path)
+        return int(match.group(1)) if match else -1
+
+    return span_of
+
+
 def check(base: str, pattern: str) -> tuple[list[str], list[str]]:
     """Fails fast, before any component runs, on a corpus that cannot produce documents.
 
@@ -72,12 +84,13 @@ def check(base: str, pattern: str) -> tuple[list[str], list[str]]:
     Raises:
         text_corpus.CorpusError: naming the file or pattern and the problem.
     """
-    glob_pattern = os.path.join(base, pattern)
-    if "{SPAN}" in pattern:  # ExampleGen reads the latest span: check that one (or every span, if unnumbered)
-        spans = span_numbers(base)
-        glob_pattern = glob_pattern.replace("{SPAN}", str(spans[-1]) if spans else "*")
-    glob_pattern = glob_pattern.replace("{VERSION}", "*")
-    files, skipped = text_corpus.list_corpus_files(glob_pattern)
+    glob_pattern = os.path.join(base, pattern).replace("{VERSION}", "*")
+    files, skipped = text_corpus.list_corpus_files(glob_pattern.replace("{SPAN}", "*"))
+    if "{SPAN}" in pattern:  # ExampleGen reads the latest span that has files: check only that one
+        span_of = _span_reader(glob_pattern)
+        newest = max(span_of(f) for f in files)
+        files = [f for f in files if span_of(f) == newest]
+        skipped = [f for f in skipped if span_of(f) == newest]
     for path in files[:1000]:
         with tf.io.gfile.GFile(path, "rb") as f:
             head = f.read(text_corpus.BINARY_SNIFF_BYTES)

@@ -136,10 +136,13 @@ def remove_finished_checkpoints(store, pipeline_name: str) -> list[str]:
     """Deletes the checkpoint directories of finished Trainer executions; returns those it deleted."""
     removed = []
     for directory in report.finished_trainer_checkpoints(store, pipeline_name):
-        if tf.io.gfile.exists(directory):
-            tf.io.gfile.rmtree(directory)
-            removed.append(directory)
-            log.info("Removed the checkpoints of a finished training: %s", directory)
+        try:
+            if tf.io.gfile.exists(directory):
+                tf.io.gfile.rmtree(directory)
+                removed.append(directory)
+                log.info("Removed the checkpoints of a finished training: %s", directory)
+        except (OSError, tf.errors.OpError) as e:  # the model is pushed: a leftover directory is no failure
+            log.warning("Could not remove the checkpoints in %s: %s", directory, e)
     return removed
 
 
@@ -205,7 +208,7 @@ def prepare(
     base, pattern = corpus_lib.resolve(absolute(corpus))
     files, _ = corpus_lib.check(base, pattern)
     corpus_bytes = sum(corpus_lib.uncompressed_size(f) for f in files) if "://" not in base else None
-    metadata = metadata or sqlite_connection(layout.metadata_path)
+    metadata = metadata or metadata_connection("sqlite", layout.output, {})
     beam_args = [*default_beam_args(corpus_bytes), *beam_args]
     pipeline = create_pipeline(
         pipeline_name=pipeline_name,

@@ -89,6 +89,8 @@ def _example_gen(corpus_base: str, corpus_pattern: str, config: PipelineConfig, 
     return TextExampleGen(input_base=corpus_base, input_pattern=corpus_pattern, eval_fraction=config.eval_fraction,
                           max_document_chars=config.max_document_chars, text_field=config.text_field,
                           max_line_bytes=config.max_line_bytes,
+                          # a window's spans are tokenized and evaluated together: one may have an empty split
+                          require_every_split=config.last_spans == 1,
                           range_config=range_config).with_id(EXAMPLE_GEN)
 
 

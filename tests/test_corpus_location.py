@@ -57,6 +57,8 @@ def test_remote_outputs_stay_remote(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # no ./ram:/bucket/out
     with pytest.raises(ValueError, match="cannot live on ram://bucket/out: use --metadata mysql"):
         local_runner.metadata_connection("sqlite", "ram://bucket/out", {})
+    with pytest.raises(ValueError, match="cannot live on ram://bucket/out2"):  # no store given: the same refusal
+        local_runner.prepare(output="ram://bucket/out2", config=PipelineConfig(preset="tiny"))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -86,3 +88,12 @@ def test_beam_mode_is_sized_on_uncompressed_bytes(tmp_path):
     local = local_runner.prepare(output=str(tmp_path / "out"), config=PipelineConfig(preset="tiny"),
                                  corpus=str(tmp_path / "big.txt.gz"))
     assert local.beam_args[1] == "--direct_running_mode=multi_processing"
+
+
+def test_pre_flight_reads_zero_padded_spans_and_skips_an_empty_newest_one(tmp_path):
+    for span, content in (("span-01", b"\x7fELF\x00binary"), ("span-07", b"Newest text.\n"), ("span-08", None)):
+        (tmp_path / span).mkdir()
+        if content is not None:
+            (tmp_path / span / "part.txt").write_bytes(content)
+    files, _ = corpus.check(str(tmp_path), "span-{SPAN}/*")  # span-08 has no files yet: TFX reads span 7
+    assert files == [str(tmp_path / "span-07" / "part.txt")]

@@ -34,7 +34,7 @@ def test_wait_takes_the_lock_when_the_holder_ends(tmp_path):
         with run_lock.output_lock(str(tmp_path)):
             order.append("first")
             released.wait(10)
-        order.append("released")
+            order.append("released")  # inside the block: the waiter cannot get in before this
 
     thread = threading.Thread(target=holder)
     thread.start()
@@ -70,7 +70,10 @@ def test_two_runs_on_one_output_one_is_refused_and_one_pushes(tmp_path, shakespe
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     procs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
-    results = [(p.wait(timeout=900), *p.communicate()) for p in procs]
+    results = []
+    for p in procs:  # communicate, not wait: a full pipe would block the run
+        out, err = p.communicate(timeout=900)
+        results.append((p.returncode, out, err))
     codes = sorted(code for code, _, _ in results)
     assert codes == [0, 2], [err[-2000:] for _, _, err in results]
     refused = next(err for code, _, err in results if code == 2)

@@ -142,5 +142,34 @@ def test_pieces_join_back_exactly_at_any_bound(tmp_path):
 def test_a_jsonl_line_over_the_bound_is_named(tmp_path):
     path = tmp_path / "big.jsonl"
     path.write_text('{"text": "fine"}\n' + json.dumps({"text": "y" * 10_000}) + "\n")
-    with pytest.raises(CorpusError, match=r"big.jsonl:2: line longer than 4,096 bytes \(max_line_bytes\)"):
+    with pytest.raises(CorpusError, match=r"big.jsonl:2: line longer than 4,096 bytes "
+                                          r"\(PipelineConfig.max_line_bytes\)"):
         list(read_documents(str(path), FileStats(path=str(path)), 4096, max_line_bytes=4096))
+    exact = tmp_path / "exact.jsonl"  # a line of exactly the bound, newline aside, is whole
+    record = json.dumps({"text": "z" * 4084})
+    assert len(record) == 4096
+    exact.write_text(record + "\n" + record)
+    assert [len(d) for d in read_documents(str(exact), FileStats(path=str(exact)), 8192, max_line_bytes=4096)] == \
+        [4084, 4084]
+
+
+def test_a_paragraph_ending_on_a_part_boundary_is_still_one_document(tmp_path):
+    path = tmp_path / "two_lines.txt"
+    text = "a" * 6000 + "\n" + "b" * 6000 + "\n"  # no blank line: one paragraph, each line a whole part
+    path.write_text(text)
+    stats = FileStats(path=str(path))
+    docs = list(read_documents(str(path), stats, 1 << 20, max_line_bytes=4096))
+    assert "".join(docs) == text.rstrip("\n") and stats.documents == 1 and stats.chunked_documents == 1
+    path.write_text(text + "\n" + "next paragraph\n")
+    stats = FileStats(path=str(path))
+    docs = list(read_documents(str(path), stats, 1 << 20, max_line_bytes=4096))
+    assert docs[-1] == "next paragraph" and "".join(docs[:-1]) == text.rstrip("\n") and stats.documents == 2
+
+
+def test_a_cut_piece_of_whitespace_is_not_a_blank_line(tmp_path):
+    path = tmp_path / "spaces.txt"
+    path.write_text("first\n" + " " * 5000 + "word\n\nsecond\n")
+    stats = FileStats(path=str(path))
+    docs = list(read_documents(str(path), stats, 1 << 20, max_line_bytes=4096))
+    assert stats.documents == 2 and docs[-1] == "second"
+    assert "".join(docs[:-1]) == "first\n" + " " * 5000 + "word"

@@ -94,14 +94,35 @@ def test_component_validates_its_parameters():
     assert buckets == {"train": 950, "eval": 50}
 
 
-def test_a_corpus_too_small_for_an_eval_split_is_a_clear_error(tmp_path):
-    """Three paragraphs and a 10% eval split: the eval split would be empty and Transform would fail later
-    with a bare KeyError; ExampleGen says what is needed instead."""
+def test_a_corpus_too_small_for_a_split_is_a_clear_error(tmp_path):
+    """One paragraph cannot fill both splits: one is empty, and Transform would fail later with a bare
+    KeyError; ExampleGen says what is needed instead (whichever split the hash left empty)."""
     from deepseek_tfx.components.text_corpus import CorpusError
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    (corpus / "a.txt").write_text("First paragraph.\n\nSecond paragraph.\n\nThird paragraph.\n")
-    with pytest.raises(CorpusError, match=r"the corpus is too small: its 3 document\(s\) left the 'eval' split "
-                                          r"empty .* at least about 30 documents .* or a larger --eval-fraction"):
+    (corpus / "a.txt").write_text("The only paragraph.\n")
+    with pytest.raises(CorpusError, match=r"the corpus is too small: its 1 document\(s\) left the "
+                                          r"'(train|eval)' split empty .* at least about \d+ documents"):
         run_executor(tmp_path, corpus)
+
+
+def test_the_split_check_names_the_split_and_the_way_out(tmp_path):
+    from tfx.utils import proto_utils as utils
+
+    from deepseek_tfx.components import text_example_gen
+    from deepseek_tfx.components.text_corpus import CorpusError
+
+    output_config = example_gen_pb2.Output(split_config=example_gen_pb2.SplitConfig(splits=[
+        example_gen_pb2.SplitConfig.Split(name="train", hash_buckets=900),
+        example_gen_pb2.SplitConfig.Split(name="eval", hash_buckets=100)]))
+    properties = {"output_config": utils.proto_to_json(output_config)}
+    for present, empty, advice, needed in (("train", "eval", "a larger", 30), ("eval", "train", "a smaller", 4)):
+        uri = tmp_path / empty
+        (uri / f"Split-{present}").mkdir(parents=True)
+        with tf.io.TFRecordWriter(str(uri / f"Split-{present}" / "data.gz"), "GZIP") as writer:
+            writer.write(text_example_gen.text_to_example("a document"))
+        (uri / f"Split-{empty}").mkdir()
+        with pytest.raises(CorpusError, match=rf"left the '{empty}' split empty .* at least about {needed} "
+                                              rf"documents .* or {advice} --eval-fraction"):
+            text_example_gen._check_splits_not_empty(str(uri), properties, 1)

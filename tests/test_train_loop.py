@@ -354,8 +354,12 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_good_one(tmp_path,
 def test_no_restorable_checkpoint_starts_from_zero_and_says_so(tmp_path, caplog):
     _three_checkpoints(tmp_path)
     for data in tmp_path.glob("ckpt-*.data-*"):
-        data.write_bytes(b"")
+        data.write_bytes(data.read_bytes()[:100])  # truncated: some values may be read before it fails
+    untouched = _loop(seed=5)  # what _restore_fresh builds, before any restore
+    untouched.optimizer.build(untouched.model.trainable_variables)
     with caplog.at_level(logging.WARNING, logger="deepseek_tfx.trainer_module.train_loop"):
-        _, step = _restore_fresh(tmp_path)
-    assert step == 0
+        fresh, step = _restore_fresh(tmp_path)
+    assert step == 0 and int(fresh.optimizer.iterations) == 0
+    for a, b in zip(untouched.model.get_weights(), fresh.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)  # nothing of a failed attempt is left behind
     assert "No checkpoint in" in caplog.text and "training starts from step 0" in caplog.text

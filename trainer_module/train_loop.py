@@ -92,6 +92,7 @@ class Checkpointer:
         self._is_chief = is_chief
         target = directory if is_chief else os.path.join(directory, f".worker-{worker_id}-scratch")
         self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        self._model, self._optimizer = model, optimizer
         self._manager = tf.train.CheckpointManager(self._checkpoint, target, max_to_keep=keep)
         self.last_step: int | None = None
 
@@ -111,17 +112,22 @@ class Checkpointer:
         warning naming it, and the next older one is tried: a crash while writing the newest checkpoint
         costs the steps since the one before, not the whole run.
         """
-        for path in self._saved():
+        saved = self._saved()
+        variables = [*self._model.variables, *self._optimizer.variables]
+        initial = [v.numpy() for v in variables] if saved else []
+        for path in saved:
             try:
                 self._checkpoint.restore(path).assert_existing_objects_matched()
-            except Exception as e:  # any failure to read it: try the next older one
+            except (tf.errors.OpError, IndexError) as e:  # unreadable files; a mismatch (AssertionError) is raised
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 log.warning("Checkpoint %s cannot be restored (%s: %s); trying an older one", path,
                             type(e).__name__, reason)
                 continue
             self.last_step = int(path.rsplit("-", 1)[-1])
             return self.last_step
-        if self._saved():
+        if saved:  # what a failed attempt assigned before it failed is undone
+            for variable, value in zip(variables, initial, strict=True):
+                variable.assign(value)
             log.warning("No checkpoint in %s could be restored; training starts from step 0", self.directory)
         return 0
 
