@@ -101,9 +101,14 @@ def mysql_connection(env: dict) -> metadata_store_pb2.ConnectionConfig:
     return config
 
 
+def is_remote(path: str) -> bool:
+    """Whether ``path`` is a URI on another filesystem (``gs://bucket/out``) rather than a local path."""
+    return "://" in path
+
+
 def absolute(path: str) -> str:
     """A local path made absolute; a URI (``gs://bucket/out``) left as it is, never turned into a local path."""
-    return path if "://" in path else os.path.abspath(path)
+    return path if is_remote(path) else os.path.abspath(path)
 
 
 def metadata_connection(kind: str, output: str, env: dict) -> metadata_store_pb2.ConnectionConfig:
@@ -115,7 +120,7 @@ def metadata_connection(kind: str, output: str, env: dict) -> metadata_store_pb2
     """
     if kind == "mysql":
         return mysql_connection(env)
-    if "://" in output:
+    if is_remote(output):
         raise ValueError(f"--metadata sqlite keeps ML Metadata in OUTPUT/metadata.sqlite, a local file, which "
                          f"cannot live on {output}: use --metadata mysql with a remote --output")
     return sqlite_connection(Layout(absolute(output)).metadata_path)
@@ -207,7 +212,7 @@ def prepare(
         corpus = corpus_lib.write_default_corpus(layout.default_corpus_dir)
     base, pattern = corpus_lib.resolve(absolute(corpus))
     files, _ = corpus_lib.check(base, pattern)
-    corpus_bytes = sum(corpus_lib.uncompressed_size(f) for f in files) if "://" not in base else None
+    corpus_bytes = sum(corpus_lib.uncompressed_size(f) for f in files) if not is_remote(base) else None
     metadata = metadata or metadata_connection("sqlite", layout.output, {})
     beam_args = [*default_beam_args(corpus_bytes), *beam_args]
     pipeline = create_pipeline(
@@ -238,7 +243,7 @@ def run(*, wait: bool = False, **options) -> dict:
             (raised before any component runs).
     """
     output = absolute(options["output"])
-    with run_lock.output_lock(output, wait=wait) if "://" not in output else contextlib.nullcontext():
+    with contextlib.nullcontext() if is_remote(output) else run_lock.output_lock(output, wait=wait):
         return _run(prepare(**options))
 
 
@@ -247,15 +252,15 @@ def _run(local: LocalRun) -> dict:
     backfill_spans(pipeline_name=pipeline_name, pipeline_root=local.layout.pipeline_root, base=local.corpus_base,
                    pattern=local.corpus_pattern, config=config, metadata=local.metadata, beam_args=local.beam_args)
     tfx.orchestration.LocalDagRunner().run(local.pipeline)
-    summary = report.run_summary(mlmd.open_store(local.metadata), pipeline_name)
+    store = mlmd.open_store(local.metadata)
+    summary = report.run_summary(store, pipeline_name)
     summary["corpus"] = local.corpus
     if summary.get("pushed_model_path"):
         configs = tf_serving.write_configs(os.path.dirname(local.layout.serving_model_dir), config.model_name)
         summary["serve_command"] = configs.pop("docker")
         summary["serving_configs"] = configs
         if config.remove_checkpoints_after_push:
-            summary["removed_checkpoints"] = remove_finished_checkpoints(mlmd.open_store(local.metadata),
-                                                                         pipeline_name)
+            summary["removed_checkpoints"] = remove_finished_checkpoints(store, pipeline_name)
     metadata = local.metadata
     if metadata.HasField("sqlite"):
         summary["metadata"] = metadata.sqlite.filename_uri
