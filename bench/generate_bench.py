@@ -26,8 +26,9 @@ import time
 import deepseek_tfx.trainer_module  # noqa: F401  (first: sets TF_USE_LEGACY_KERAS)
 import tensorflow as tf
 
+from deepseek_tfx.serving.client import generate_tensors
 from deepseek_tfx.trainer_module import export
-from deepseek_tfx.trainer_module.config import get_preset
+from deepseek_tfx.trainer_module.config import ServingConfig, get_preset
 from deepseek_tfx.trainer_module.model import DeepSeekLM
 from deepseek_tfx.trainer_module.preprocessing import preprocessing_fn
 from deepseek_tfx.trainer_module.tokenizer import ByteTokenizer, EOS_ID
@@ -75,7 +76,7 @@ def main() -> int:
     model(tf.zeros([1, 8], tf.int64))
     module = export.LanguageModelModule(
         model, lambda features: preprocessing_fn(features, {}), {"text": tf.io.FixedLenFeature([1], tf.string)},
-        tokenizer, max_new_tokens_limit=1024, stop_at_eos=False)
+        tokenizer, ServingConfig(max_new_tokens=1024), stop_at_eos=False)
     with tempfile.TemporaryDirectory() as tmp:
         tf.saved_model.save(module, tmp, signatures={"generate": module.generate.get_concrete_function()})
         generate = tf.saved_model.load(tmp).signatures["generate"]
@@ -87,13 +88,12 @@ def main() -> int:
               f"{'no-cache tok/s':>14}")
         ratios = {}
         for batch in (1, 8):
-            prompts = tf.constant([PROMPT] * batch)
+            prompts = [PROMPT] * batch
             prompt_ids = tf.concat([tf.fill([batch, 1], tf.constant(EOS_ID, tf.int64)),
-                                    tokenizer.tokenize(prompts).to_tensor()], axis=1)
+                                    tokenizer.tokenize(tf.constant(prompts)).to_tensor()], axis=1)
             for new in (64, 256):
                 def cached(prompts=prompts, new=new):
-                    out = generate(prompt=prompts, max_new_tokens=tf.constant(new), temperature=tf.constant(0.0),
-                                   top_k=tf.constant(0), seed=tf.constant(0))["text"].numpy()
+                    out = generate(**generate_tensors(prompts, new))["text"].numpy()
                     assert all(len(t) > 0 for t in out)
 
                 def uncached(batch=batch, prompt_ids=prompt_ids, new=new):

@@ -1,41 +1,20 @@
 """The generate and score signatures' logic, on a tiny random model (no pipeline run needed)."""
 
-import inspect
 import math
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from deepseek_tfx.trainer_module.config import get_preset
+from deepseek_tfx.trainer_module.config import ServingConfig, get_preset
+from deepseek_tfx.serving.client import generate_tensors
 from deepseek_tfx.trainer_module.export import LanguageModelModule, export_serving_model, read_export_config
 from deepseek_tfx.trainer_module.model import DeepSeekLM
 from deepseek_tfx.trainer_module.tokenizer import EOS_ID, NUM_RESERVED, ByteTokenizer
+from tests.export_helpers import RAW_SPEC, TransformOutputStandIn, TransformStandIn
 
 CONTEXT = 24
 LIMIT = 64
-RAW_SPEC = {"text": tf.io.FixedLenFeature([1], tf.string)}
-
-
-class _TransformStandIn:
-    """What the Transform layer computes for this tokenizer (the real one is tested end to end)."""
-
-    def __call__(self, features):
-        text = tf.reshape(features["text"], [-1])
-        return {"token_ids": ByteTokenizer().tokenize(text).to_sparse(),
-                "num_bytes": tf.strings.length(text, unit="BYTE")}
-
-
-class _TransformOutputStandIn:
-    """The two TFTransformOutput methods export_serving_model uses."""
-
-    def raw_feature_spec(self):
-        return dict(RAW_SPEC)
-
-    def transform_features_layer(self):
-        return _TransformStandIn()
-
-
 class _IdsTokenizer(ByteTokenizer):
     """The byte tokenizer, except that "detokenizing" writes the generated ids as decimal text.
 
@@ -72,25 +51,24 @@ def byte_model(model):
 @pytest.fixture(scope="module")
 def default_module(byte_model):
     """Every LanguageModelModule default (limit, stopping at EOS), returning the generated ids."""
-    return LanguageModelModule(byte_model, _TransformStandIn(), RAW_SPEC, _IdsTokenizer())
+    return LanguageModelModule(byte_model, TransformStandIn(), RAW_SPEC, _IdsTokenizer())
 
 
 @pytest.fixture(scope="module")
 def module(model):
-    return LanguageModelModule(model, _TransformStandIn(), RAW_SPEC, ByteTokenizer(), max_new_tokens_limit=LIMIT)
+    return LanguageModelModule(model, TransformStandIn(), RAW_SPEC, ByteTokenizer(),
+                               ServingConfig(max_new_tokens=LIMIT))
 
 
 @pytest.fixture(scope="module")
 def id_module(model):
     """The same model and limit, returning the generated ids, and not stopping at EOS."""
-    return LanguageModelModule(model, _TransformStandIn(), RAW_SPEC, _IdsTokenizer(), max_new_tokens_limit=LIMIT,
-                               stop_at_eos=False)
+    return LanguageModelModule(model, TransformStandIn(), RAW_SPEC, _IdsTokenizer(),
+                               ServingConfig(max_new_tokens=LIMIT), stop_at_eos=False)
 
 
 def _call(signature, prompts, n, temperature=0.0, seed=0):
-    return signature(prompt=tf.constant(prompts), max_new_tokens=tf.constant(n),
-                     temperature=tf.constant(temperature, tf.float32), top_k=tf.constant(0),
-                     seed=tf.constant(seed))["text"].numpy()
+    return signature(**generate_tensors(prompts, n, temperature, 0, seed))["text"].numpy()
 
 
 def generate(module, prompts, n, temperature=0.0, seed=0):
@@ -158,8 +136,7 @@ def test_long_prompts_and_long_generations_are_handled(module):
     assert len(tail) == CONTEXT - 1
     assert generate(module, ["a" * 50 + tail], 5) == generate(module, ["b" * 70 + tail], 5)
     # 40 new tokens > context: the cache restarts from the last half context and keeps going.
-    out = module.generate(tf.constant(["q"]), tf.constant(40), tf.constant(1.0), tf.constant(0),
-                          tf.constant(3))["text"].numpy()[0]
+    out = module.generate(**generate_tensors(["q"], 40, 1.0, 0, 3))["text"].numpy()[0]
     assert len(out) > 0
     out.decode("utf-8")  # strictly valid UTF-8
 
@@ -189,27 +166,25 @@ def test_sampling_is_seeded_and_greedy_is_deterministic(module):
     assert len(samples) > 1
 
 
-def test_max_new_tokens_is_clipped(module, id_module):
-    out = module.generate(tf.constant(["a"]), tf.constant(10_000), tf.constant(1.0), tf.constant(0),
-                          tf.constant(5))["text"].numpy()[0]
-    assert len(out.decode("utf-8").encode()) <= 64 * 3  # <= 64 tokens (U+FFFD is 3 bytes)
-    # Exact token counts: the request, clipped to [0, LIMIT].
-    for requested, expected in [(10_000, LIMIT), (LIMIT + 1, LIMIT), (LIMIT, LIMIT), (10, 10), (0, 0), (-3, 0)]:
-        assert len(generate_ids(id_module.generate, "a", requested, 1.0, seed=5)) == expected, requested
+def test_max_new_tokens_up_to_the_limit_gives_exactly_that_many_tokens(id_module):
+    for requested in (LIMIT, LIMIT - 1, 10, 1, 0):
+        assert len(generate_ids(id_module.generate, "a", requested, 1.0, seed=5)) == requested, requested
 
 
 def test_the_default_and_exported_limit_is_512_new_tokens(default_module, byte_model, tmp_path):
-    assert inspect.signature(LanguageModelModule).parameters["max_new_tokens_limit"].default == 512
-    assert inspect.signature(export_serving_model).parameters["max_new_tokens_limit"].default == 512
-    assert len(generate_ids(default_module.generate, "abc", 10_000)) == 512
-    assert len(generate_ids(default_module.generate, "abc", 513)) == 512
-    assert len(generate_ids(default_module.generate, "abc", 511)) == 511
+    assert ServingConfig().max_new_tokens == 512
+    assert default_module.limits == ServingConfig()
+    assert len(generate_ids(default_module.generate, "abc", 512)) == 512
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"max_new_tokens=512"):
+        generate_ids(default_module.generate, "abc", 513)
     # What the trainer ships: export_serving_model with its default, served from the SavedModel.
-    export_serving_model(byte_model, _TransformOutputStandIn(), _IdsTokenizer(), str(tmp_path))
-    assert read_export_config(str(tmp_path))["max_new_tokens_limit"] == 512
+    export_serving_model(byte_model, TransformOutputStandIn(), _IdsTokenizer(), str(tmp_path))
+    assert read_export_config(str(tmp_path))["serving"] == ServingConfig().to_dict()
     exported = tf.saved_model.load(str(tmp_path)).signatures["generate"]
-    assert len(generate_ids(exported, "abc", 10_000)) == 512
+    assert len(generate_ids(exported, "abc", 512)) == 512
     assert len(generate_ids(exported, "abc", 100)) == 100
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"max_new_tokens"):
+        generate_ids(exported, "abc", 10_000)
 
 
 def test_score_matches_the_model_nll(module):

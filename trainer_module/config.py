@@ -250,6 +250,42 @@ class TokenizerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ServingConfig:
+    """Per-request limits the exported signatures enforce in the graph (memory and time stay bounded).
+
+    A request over a limit is refused with INVALID_ARGUMENT naming the limit; only prompts are cut
+    instead (to their last ``max_prompt_bytes`` bytes, at a character boundary, before tokenization).
+    """
+
+    max_batch_size: int = 8
+    """Most rows in one call of any signature; also TF Serving's ``max_batch_size`` in batching.config."""
+    max_new_tokens: int = 512
+    """Most new tokens one ``generate`` row may ask for."""
+    max_text_bytes: int = 1 << 20
+    """Most bytes in one ``score`` text or one serialized ``serving_default`` example."""
+    max_prompt_bytes: int = 1 << 16
+    """A longer ``generate`` prompt keeps only its last this-many bytes (generation sees at most the last
+    context_len - 1 tokens anyway)."""
+    score_chunk_windows: int = 8
+    """``score`` runs the model on this many context windows at a time, so peak memory does not grow with
+    the text."""
+
+    def __post_init__(self):
+        name = type(self).__name__
+        for field in ("max_batch_size", "max_new_tokens", "max_text_bytes", "score_chunk_windows"):
+            require_field(getattr(self, field) >= 1, name, field, f"must be >= 1, got {getattr(self, field)}")
+        require_field(self.max_prompt_bytes >= 4, name, "max_prompt_bytes",
+                      f"must be >= 4 (one UTF-8 character), got {self.max_prompt_bytes}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> ServingConfig:
+        return _from_dict(cls, values)
+
+
+@dataclasses.dataclass(frozen=True)
 class Preset:
     """A named model shape with the training recipe that suits it."""
 
