@@ -13,18 +13,21 @@
   non-numeric directories) and renamed to ``<base>/<version>`` only when
   complete, so a server polling the base path never loads a half-written
   model. Versions are Unix seconds, bumped past the newest existing version so
-  they always increase. ``custom_config['keep_versions']`` (N > 0) then deletes
-  all but the newest N versions. On a local filesystem the rename is atomic;
-  on object stores (gs://) TensorFlow's rename is a copy then a delete, so
-  point TF Serving at a local or mounted directory when that matters.
+  they always increase. ``.tmp-*`` directories of older versions (left by a
+  killed push) are removed by the next push. Every copy writes
+  ``saved_model.pb`` last, as TFX's Pusher does (TF Serving takes that file as
+  the sign of a complete SavedModel). On object stores (``gs://``) a rename is
+  itself a copy of each object in no set order, so there the model is copied
+  straight to ``<base>/<version>``, ``saved_model.pb`` last. Retention (which
+  old versions to delete) needs ML Metadata and runs after the run
+  (``pipeline.local_runner.retain_pushed_versions``).
 """
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import time
-from typing import Any
 
 from absl import logging
 from tfx import v1 as tfx
@@ -40,8 +43,8 @@ from deepseek_tfx.trainer_module.export import read_export_config
 
 COMPARED_BY = "compared_by"
 PERPLEXITY, BITS_PER_BYTE = "Perplexity", "BitsPerByte"
-KEEP_VERSIONS = "keep_versions"
 TMP_PREFIX = ".tmp-"
+_TMP_DIR = re.compile(r"\.tmp-(\d+)-\d+")
 
 
 class GateError(RuntimeError):
@@ -124,26 +127,48 @@ def next_version(base: str, now: float | None = None) -> int:
     return max(int(now if now is not None else time.time()), (existing[-1] + 1) if existing else 0)
 
 
-def push_atomically(model_path: str, base: str, keep_versions: int = 0) -> tuple[str, int]:
+def copy_saved_model(src: str, dst: str) -> None:
+    """Copies the SavedModel directory ``src`` to ``dst`` with ``saved_model.pb`` last (TFX's Pusher order)."""
+    io_utils.copy_dir(src, dst, deny_regex_patterns=[r"(^|/)saved_model\.pb$"])
+    io_utils.copy_file(os.path.join(src, "saved_model.pb"), os.path.join(dst, "saved_model.pb"))
+
+
+def remove_stale_pushes(base: str, version: int) -> list[str]:
+    """Deletes ``.tmp-<v>-<pid>`` directories under ``base`` with v < ``version`` (left by killed pushes)."""
+    removed = []
+    for name in (n.rstrip("/") for n in fileio.listdir(base)):
+        match = _TMP_DIR.fullmatch(name)
+        if match and int(match.group(1)) < version:
+            fileio.rmtree(os.path.join(base, name))
+            removed.append(name)
+    return removed
+
+
+def push_atomically(model_path: str, base: str) -> tuple[str, int]:
     """Copies the SavedModel at ``model_path`` to ``base/<version>`` atomically; returns (path, version)."""
     if not fileio.exists(os.path.join(model_path, "saved_model.pb")):
         raise GateError(f"no SavedModel at {model_path} (saved_model.pb is missing); nothing was pushed")
     fileio.makedirs(base)
     version = next_version(base)
+    for name in remove_stale_pushes(base, version):
+        logging.warning("Removed %s, left in %s by a push that did not finish", name, base)
     final = os.path.join(base, str(version))
-    tmp = os.path.join(base, f"{TMP_PREFIX}{version}-{os.getpid()}")
-    try:
-        io_utils.copy_dir(model_path, tmp)
-        fileio.rename(tmp, final, overwrite=False)
-    finally:
-        if fileio.exists(tmp):
-            fileio.rmtree(tmp)
+    if "://" in base:  # an object store: no atomic rename, so copy in place with saved_model.pb last
+        try:
+            copy_saved_model(model_path, final)
+        except BaseException:
+            if fileio.exists(final):
+                fileio.rmtree(final)
+            raise
+    else:
+        tmp = os.path.join(base, f"{TMP_PREFIX}{version}-{os.getpid()}")
+        try:
+            copy_saved_model(model_path, tmp)
+            fileio.rename(tmp, final, overwrite=False)
+        finally:
+            if fileio.exists(tmp):
+                fileio.rmtree(tmp)
     logging.info("Pushed version %d to %s", version, final)
-    if keep_versions > 0:
-        for old in numeric_versions(base)[:-keep_versions]:
-            if old != version:
-                fileio.rmtree(os.path.join(base, str(old)))
-                logging.info("Retention (keep %d): removed version %d", keep_versions, old)
     return final, version
 
 
@@ -158,27 +183,13 @@ class _AtomicPusherExecutor(pusher_executor.Executor):
         proto_utils.json_to_proto(exec_properties[standard_component_specs.PUSH_DESTINATION_KEY], destination)
         if destination.WhichOneof("destination") != "filesystem":
             raise GateError("AtomicPusher pushes to a filesystem destination only")
-        custom = json.loads(exec_properties.get(standard_component_specs.CUSTOM_CONFIG_KEY) or "null") or {}
         model_path = self.GetModelPath(input_dict)
-        path, version = push_atomically(model_path, destination.filesystem.base_directory,
-                                        int(custom.get(KEEP_VERSIONS, 0)))
+        path, version = push_atomically(model_path, destination.filesystem.base_directory)
         io_utils.copy_dir(model_path, model_push.uri)  # the archive copy, as the standard Pusher keeps
         self._MarkPushed(model_push, pushed_destination=path, pushed_version=str(version))
 
 
 class AtomicPusher(tfx.components.Pusher):
-    """The standard Pusher with an atomic, versioned, retained filesystem push (module docstring).
-
-    Args:
-        model, model_blessing, push_destination: as for Pusher.
-        keep_versions: keep only the newest N versions under the base directory (0: keep all).
-    """
+    """The standard Pusher with an atomic, versioned filesystem push (module docstring)."""
 
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(_AtomicPusherExecutor)
-
-    def __init__(self, model, model_blessing, push_destination, keep_versions: int = 0,
-                 custom_config: dict[str, Any] | None = None):
-        if keep_versions < 0:
-            raise GateError(f"keep_versions must be >= 0, got {keep_versions}")
-        super().__init__(model=model, model_blessing=model_blessing, push_destination=push_destination,
-                         custom_config={**(custom_config or {}), KEEP_VERSIONS: keep_versions})

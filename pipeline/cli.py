@@ -101,11 +101,17 @@ def _build_parser() -> argparse.ArgumentParser:
     lineage.set_defaults(func=_cmd_lineage)
 
     generate = sub.add_parser(
-        "generate", help="generate text from a model served by TensorFlow Serving",
-        description="Call the served model's `generate` signature over REST (--server) or gRPC (--grpc).")
+        "generate", help="generate text from a served model, or from a pushed version loaded here",
+        description="Call the `generate` signature of a model served by TensorFlow Serving, over REST (--server) "
+                    "or gRPC (--grpc), or of a pushed version directory loaded in this process (--model-dir).")
     target = generate.add_mutually_exclusive_group(required=True)
-    target.add_argument("--server", metavar="URL", help="REST endpoint, e.g. http://localhost:8501")
+    target.add_argument("--server", metavar="URL",
+                        help="REST endpoint, e.g. http://localhost:8501 (localhost:8501 means http://)")
     target.add_argument("--grpc", metavar="HOST:PORT", help="gRPC endpoint, e.g. localhost:8500")
+    target.add_argument("--model-dir", metavar="DIR",
+                        help="a pushed version, e.g. OUTPUT/serving_model/deepseek/1764547200 (no server needed)")
+    generate.add_argument("--rest-format", choices=("columns", "rows"), default="columns",
+                          help='REST body: "inputs" columns (default) or "instances" rows (as Vertex AI sends)')
     generate.add_argument("--model", default="deepseek", help="served model name (default: deepseek)")
     generate.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
     generate.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
@@ -113,6 +119,18 @@ def _build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("prompt", nargs="+", help="one or more prompts")
     generate.set_defaults(func=_cmd_generate)
+
+    serve_config = sub.add_parser(
+        "serve-config", help="pin the version TF Serving serves, or go back to the latest",
+        description="Rewrite OUTPUT/serving_model/models.config (and batching.config, kubernetes.yaml). --pin makes "
+                    "TF Serving serve that version, and every later run keeps the pin (and the version directory) "
+                    "until --unpin. With neither, print the versions and the pin.")
+    serve_config.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
+                              help=f"output directory of the runs (default: {DEFAULT_OUTPUT})")
+    pin = serve_config.add_mutually_exclusive_group()
+    pin.add_argument("--pin", type=int, metavar="VERSION", help="serve this pushed version")
+    pin.add_argument("--unpin", action="store_true", help="serve the latest version again")
+    serve_config.set_defaults(func=_cmd_serve_config)
     return parser
 
 
@@ -180,16 +198,53 @@ def _cmd_generate(args) -> int:
                    seed=args.seed)
     try:
         if args.server:
-            texts = client.rest_generate(args.server, args.model, args.prompt, **options)
-        else:
+            texts = client.rest_generate(args.server, args.model, args.prompt, rest_format=args.rest_format,
+                                         **options)
+        elif args.grpc:
             texts = client.grpc_generate(args.grpc, args.model, args.prompt, **options)
+        else:
+            texts = client.local_generate(args.model_dir, args.prompt, **options)
         if len(texts) != len(args.prompt):
             raise ValueError(f"answered {len(texts)} text(s) for {len(args.prompt)} prompt(s)")
-    except Exception as e:  # connection refused, HTTP error, unknown model: say which server said what
-        print(f"deepseek-tfx: error: {args.server or args.grpc}: {e}", file=sys.stderr)
+    except Exception as e:  # connection refused, HTTP error, unknown model, bad input: say who said what
+        print(f"deepseek-tfx: error: {args.server or args.grpc or args.model_dir}: {_first_line(e)}", file=sys.stderr)
         return EXIT_FAILED
     for prompt, text in zip(args.prompt, texts, strict=True):
         print(prompt + text)
+    return 0
+
+
+def _first_line(error: Exception) -> str:
+    """An error's message; for TensorFlow's errors, the assertion's text without the graph trace."""
+    message = getattr(error, "message", None) or str(error)
+    found = re.search(r"assertion failed: (.*)", message)
+    return re.sub(r"\]\s*\[", " ", found.group(1)).strip("[] ") if found else message
+
+
+def _cmd_serve_config(args) -> int:
+    from deepseek_tfx.pipeline import local_runner
+    from deepseek_tfx.serving import tf_serving
+
+    layout = local_runner.Layout(local_runner.absolute(args.output))
+    base, name = os.path.dirname(layout.serving_model_dir), layout.model_name
+    try:
+        if args.pin is not None:
+            tf_serving.pin_version(base, name, args.pin)
+        elif args.unpin and not tf_serving.unpin_version(base, name):
+            print("no version was pinned", file=sys.stderr)
+    except tf_serving.PinError as e:
+        print(f"deepseek-tfx: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    model_dir = layout.serving_model_dir
+    versions = sorted(int(n) for n in os.listdir(model_dir) if n.isdigit()) if os.path.isdir(model_dir) else []
+    if not versions:
+        print(f"deepseek-tfx: error: no pushed version under {model_dir}", file=sys.stderr)
+        return EXIT_USAGE
+    paths = tf_serving.write_configs(base, name)
+    pinned = tf_serving.pinned_version(base, name)
+    print(f"versions: {' '.join(map(str, versions))}")
+    print(f"served:   {pinned} (pinned)" if pinned is not None else f"served:   {versions[-1]} (latest)")
+    print(f"config:   {paths['models.config']}")
     return 0
 
 

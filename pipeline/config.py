@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from deepseek_tfx.trainer_module.config import ConfigError, TokenizerConfig, get_preset, require_field
+from deepseek_tfx.trainer_module.config import ConfigError, ServingConfig, TokenizerConfig, get_preset, require_field
 
 PIPELINE_NAME = "deepseek-tfx"
 MODEL_NAME = "deepseek"
@@ -50,6 +50,8 @@ class PipelineConfig:
     """Name of the model directory under the serving base directory."""
     tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
     """What TokenizerGen learns when it learns a tokenizer."""
+    serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
+    """Request limits the exported signatures enforce (and TF Serving's batching.config follows)."""
     retrain_tokenizer: bool = False
     """Learn a new tokenizer even when a blessed model exists (default: reuse the blessed model's)."""
     remove_checkpoints_after_push: bool = True
@@ -87,9 +89,10 @@ class PipelineConfig:
                       f"must be a non-empty directory name, got {self.model_name!r}")
 
     def trainer_custom_config(self) -> dict[str, Any]:
-        """The Trainer's custom_config: the preset's model and train configs."""
+        """The Trainer's custom_config: the preset's model and train configs, and the serving limits."""
         preset = get_preset(self.preset)
-        return {"model": preset.model.to_dict(), "train": preset.train.to_dict(), "preset": self.preset}
+        return {"model": preset.model.to_dict(), "train": preset.train.to_dict(), "serving": self.serving.to_dict(),
+                "preset": self.preset}
 
     @property
     def resolved_train_steps(self) -> int:

@@ -151,6 +151,32 @@ def remove_finished_checkpoints(store, pipeline_name: str) -> list[str]:
     return removed
 
 
+def retain_pushed_versions(store, serving_model_dir: str, keep: int, pinned: int | None = None) -> list[int]:
+    """Deletes the versions this pipeline pushed beyond the newest ``keep``; returns the deleted versions.
+
+    Only versions recorded in ML Metadata as pushed (PushedModel artifacts) to ``serving_model_dir`` are
+    candidates: a directory pushed by hand or by another pipeline (an operator's rollback target) and the
+    ``pinned`` version always stay. ``keep`` 0 keeps everything.
+    """
+    if keep <= 0:
+        return []
+    ours = set()
+    for pushed in mlmd.pushed_models(store):
+        path = str(mlmd.prop(pushed, mlmd.PUSHED_DESTINATION_PROPERTY, "")).rstrip("/")
+        version = str(mlmd.prop(pushed, mlmd.PUSHED_VERSION_PROPERTY, ""))
+        if version.isdigit() and os.path.dirname(path) == serving_model_dir.rstrip("/"):
+            ours.add(int(version))
+    present = [v for v in sorted(ours) if tf.io.gfile.exists(os.path.join(serving_model_dir, str(v)))]
+    removed = []
+    for version in present[:-keep]:
+        if version == pinned:
+            continue
+        tf.io.gfile.rmtree(os.path.join(serving_model_dir, str(version)))
+        removed.append(version)
+        log.info("Retention (keep %d): removed pushed version %d", keep, version)
+    return removed
+
+
 def backfill_spans(*, pipeline_name: str, pipeline_root: str, base: str, pattern: str, config: PipelineConfig,
                    metadata: metadata_store_pb2.ConnectionConfig, beam_args: Sequence[str]) -> list[int]:
     """Reads the spans of the ``last_spans`` window that no run has read yet; returns their numbers.
@@ -236,7 +262,8 @@ def run(*, wait: bool = False, **options) -> dict:
     raises RunLockedError at once, or is waited for with ``wait``.
 
     Spans of the ``last_spans`` window that no run has read are read first (backfill_spans).
-    After a push, TF Serving's configs are written beside the model directory.
+    After a push, versions beyond ``keep_versions`` that this pipeline pushed are deleted
+    (retain_pushed_versions) and TF Serving's configs are written beside the model directory.
 
     Raises:
         components.text_corpus.CorpusError: the corpus cannot produce documents
@@ -256,7 +283,12 @@ def _run(local: LocalRun) -> dict:
     summary = report.run_summary(store, pipeline_name)
     summary["corpus"] = local.corpus
     if summary.get("pushed_model_path"):
-        configs = tf_serving.write_configs(os.path.dirname(local.layout.serving_model_dir), config.model_name)
+        serving_base = os.path.dirname(local.layout.serving_model_dir)
+        summary["keep_versions"] = config.keep_versions
+        summary["removed_versions"] = retain_pushed_versions(
+            store, local.layout.serving_model_dir, config.keep_versions,
+            tf_serving.pinned_version(serving_base, config.model_name))
+        configs = tf_serving.write_configs(serving_base, config.model_name)
         summary["serve_command"] = configs.pop("docker")
         summary["serving_configs"] = configs
         if config.remove_checkpoints_after_push:

@@ -275,7 +275,6 @@ def create_pipeline(
         model_blessing=evaluator.outputs[BLESSING_KEY],
         push_destination=tfx.proto.PushDestination(
             filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)),
-        keep_versions=config.keep_versions,
     ).with_id(PUSHER)
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,

@@ -146,6 +146,10 @@ def format_summary(summary: dict) -> str:
         if summary.get("serve_command"):
             lines.append(f"  serve it:      {summary['serve_command']}")
             lines.append(f"  configs:       {', '.join(sorted(summary.get('serving_configs', {}).values()))}")
+        if "removed_versions" in summary:
+            removed = ", ".join(map(str, summary["removed_versions"])) or "none"
+            keep = summary["keep_versions"] or "all"
+            lines.append(f"  retention:     keep {keep} pushed versions; removed {removed}")
     else:
         lines.append("  pushed model:  none (not blessed)")
     lines.append(f"  ML Metadata:   {summary.get('metadata')}")

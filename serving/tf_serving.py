@@ -1,41 +1,92 @@
 """TensorFlow Serving configuration for the Pusher's output directory.
 
 The Pusher writes ``<base>/<model_name>/<version>/``; TF Serving polls
-``<base>/<model_name>`` and serves the highest version.
+``<base>/<model_name>`` and serves the highest version, or the pinned one:
+``pin_version`` records a version in ``<base>/<model_name>.pin.json`` and every
+later ``write_configs`` keeps ``models.config`` on it (and retention keeps its
+directory) until ``unpin_version``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 
 import yaml
+
+from deepseek_tfx.trainer_module.config import ServingConfig
+from deepseek_tfx.trainer_module.export import read_export_config
 
 SERVING_IMAGE = "tensorflow/serving:2.16.1"
 """The TF Serving release that matches the TensorFlow the model is exported with."""
 
 
-def models_config(model_name: str, base_path: str) -> str:
-    """A ``models.config`` (ModelServerConfig text proto) serving the latest version of one model."""
+class PinError(ValueError):
+    """A version cannot be pinned; the message says why."""
+
+
+def pin_file(serving_base: str, model_name: str) -> str:
+    return os.path.join(serving_base, f"{model_name}.pin.json")
+
+
+def pinned_version(serving_base: str, model_name: str) -> int | None:
+    """The version pinned for ``model_name`` under ``serving_base``, or None."""
+    path = pin_file(serving_base, model_name)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return int(json.load(f)["version"])
+
+
+def pin_version(serving_base: str, model_name: str, version: int) -> None:
+    """Makes ``models.config`` serve ``version`` from now on, until unpinned (the version directory must exist)."""
+    model_dir = os.path.join(serving_base, model_name, str(version))
+    if not os.path.exists(os.path.join(model_dir, "saved_model.pb")):
+        raise PinError(f"cannot pin version {version}: {model_dir} holds no SavedModel (saved_model.pb)")
+    with open(pin_file(serving_base, model_name), "w", encoding="utf-8") as f:
+        json.dump({"version": int(version), "pinned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, f)
+
+
+def unpin_version(serving_base: str, model_name: str) -> bool:
+    """Lifts the pin (TF Serving goes back to the latest version); False when nothing was pinned."""
+    path = pin_file(serving_base, model_name)
+    if not os.path.exists(path):
+        return False
+    os.remove(path)
+    return True
+
+
+def models_config(model_name: str, base_path: str, pinned: int | None = None) -> str:
+    """A ``models.config`` (ModelServerConfig text proto): the latest version of one model, or ``pinned``."""
+    policy = f"specific {{ versions: {pinned} }}" if pinned is not None else "latest { num_versions: 1 }"
     return (
         "model_config_list {\n"
         "  config {\n"
         f'    name: "{model_name}"\n'
         f'    base_path: "{base_path}"\n'
         '    model_platform: "tensorflow"\n'
-        "    model_version_policy { latest { num_versions: 1 } }\n"
+        f"    model_version_policy {{ {policy} }}\n"
         "  }\n"
         "}\n"
     )
 
 
-def batching_config(max_batch_size: int = 8, batch_timeout_micros: int = 2000,
+def batching_config(max_batch_size: int = ServingConfig().max_batch_size, batch_timeout_micros: int = 2000,
                     num_batch_threads: int = 2, max_enqueued_batches: int = 64) -> str:
-    """A ``batching.config`` for ``--enable_batching``."""
+    """A ``batching.config`` for ``--enable_batching`` that matches what the signatures accept.
+
+    ``max_batch_size`` is the export's own limit (``ServingConfig.max_batch_size``): TF Serving then refuses
+    a larger request itself ("Task size ... is larger than maximum input batch size"), and the graph refuses
+    it too, naming the limit. Any size up to it is accepted (no ``allowed_batch_sizes``), and no padding is
+    needed: every input is a [B] vector with no other dimension (``pad_variable_length_inputs: false``).
+    """
     return (
         f"max_batch_size {{ value: {max_batch_size} }}\n"
         f"batch_timeout_micros {{ value: {batch_timeout_micros} }}\n"
         f"num_batch_threads {{ value: {num_batch_threads} }}\n"
         f"max_enqueued_batches {{ value: {max_enqueued_batches} }}\n"
+        "pad_variable_length_inputs: false\n"
     )
 
 
@@ -48,21 +99,28 @@ def docker_command(serving_dir: str, model_name: str) -> str:
     )
 
 
+def readiness_path(model_name: str) -> str:
+    """The REST path the readiness probe polls: the model's metadata, which TF Serving answers with 200 only
+    once a version is loaded and AVAILABLE (404 "Servable not found" before), unlike ``/v1/models/NAME``,
+    which answers 200 while a version is still loading."""
+    return f"/v1/models/{model_name}/metadata"
+
+
 def kubernetes_manifest(model_name: str, claim_name: str, replicas: int = 1,
-                        image: str = SERVING_IMAGE) -> str:
+                        image: str = SERVING_IMAGE, max_batch_size: int = ServingConfig().max_batch_size) -> str:
     """A Deployment, Service and ConfigMap serving ``<claim>/<model_name>/<version>/`` with TF Serving.
 
     The pushed directory must be on a PersistentVolumeClaim named ``claim_name``
     (mounted read-only at /models; the Pusher writes ``<base>/<model_name>``, so
     copy or sync the serving base there). TF Serving polls it and loads new
-    versions as the Pusher renames them into place. Readiness waits until the
-    model reports AVAILABLE over REST.
+    versions as the Pusher renames them into place. Readiness waits until a
+    version is loaded (``readiness_path``).
     """
     labels = {"app": f"{model_name}-serving"}
     config_map = f"{model_name}-serving-config"
     documents = [
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": config_map},
-         "data": {"batching.config": batching_config()}},
+         "data": {"batching.config": batching_config(max_batch_size)}},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"{model_name}-serving"},
          "spec": {
              "replicas": replicas, "selector": {"matchLabels": labels},
@@ -73,7 +131,7 @@ def kubernetes_manifest(model_name: str, claim_name: str, replicas: int = 1,
                      "args": ["--enable_batching=true", "--batching_parameters_file=/config/batching.config",
                               "--file_system_poll_wait_seconds=30"],
                      "ports": [{"name": "grpc", "containerPort": 8500}, {"name": "http", "containerPort": 8501}],
-                     "readinessProbe": {"httpGet": {"path": f"/v1/models/{model_name}", "port": 8501},
+                     "readinessProbe": {"httpGet": {"path": readiness_path(model_name), "port": 8501},
                                         "initialDelaySeconds": 10, "periodSeconds": 10},
                      "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
                      "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
@@ -93,18 +151,26 @@ def kubernetes_manifest(model_name: str, claim_name: str, replicas: int = 1,
 def write_configs(serving_base: str, model_name: str, claim_name: str = "deepseek-models") -> dict[str, str]:
     """Writes models.config, batching.config and kubernetes.yaml beside the model directory.
 
-    Returns their paths and, under ``docker``, the container command.
+    ``models.config`` keeps a pinned version (``pin_version``); the batch size follows the newest pushed
+    version's export config. Returns the files' paths and, under ``docker``, the container command.
     """
     os.makedirs(serving_base, exist_ok=True)
+    model_dir = os.path.join(serving_base, model_name)
+    limits = ServingConfig()
+    versions = sorted(int(n) for n in os.listdir(model_dir) if n.isdigit()) if os.path.isdir(model_dir) else []
+    exported = read_export_config(os.path.join(model_dir, str(versions[-1]))) if versions else None
+    if exported and "serving" in exported:
+        limits = ServingConfig.from_dict(exported["serving"])
     contents = {
-        "models.config": models_config(model_name, os.path.abspath(os.path.join(serving_base, model_name))),
-        "batching.config": batching_config(),
-        "kubernetes.yaml": kubernetes_manifest(model_name, claim_name),
+        "models.config": models_config(model_name, os.path.abspath(model_dir),
+                                       pinned_version(serving_base, model_name)),
+        "batching.config": batching_config(limits.max_batch_size),
+        "kubernetes.yaml": kubernetes_manifest(model_name, claim_name, max_batch_size=limits.max_batch_size),
     }
     paths = {}
     for name, text in contents.items():
         paths[name] = os.path.join(serving_base, name)
         with open(paths[name], "w", encoding="utf-8") as f:
             f.write(text)
-    paths["docker"] = docker_command(os.path.join(serving_base, model_name), model_name)
+    paths["docker"] = docker_command(model_dir, model_name)
     return paths

@@ -9,7 +9,7 @@ from deepseek_tfx.pipeline import cli, report
 
 
 COMMANDS = {"run": "--corpus", "retrain": "--last-spans", "compile": "--engine", "submit": "--package",
-            "lineage": "--metadata", "generate": "--server"}  # each command with one option of its own
+            "lineage": "--metadata", "generate": "--server", "serve-config": "--pin"}  # each with an option of its own
 
 
 def test_the_command_list_is_complete():
@@ -54,16 +54,10 @@ def test_beam_mode_follows_the_corpus_size_and_beam_args_win(tmp_path, monkeypat
     assert (options.direct_running_mode, options.direct_num_workers) == ("multi_processing", 2)
 
 
-def test_keep_versions_reaches_the_pusher_through_the_cli(tmp_path, capsys):
-    out = tmp_path / "job.json"
-    assert cli.main(["compile", "--engine", "vertex", "--image", "img:1", "--pipeline-root", "gs://b/root",
-                     "--corpus", "gs://b/corpus", "--output", str(out), "--preset", "tiny",
-                     "--keep-versions", "2"]) == 0
-    job = json.loads(out.read_text())
-    pusher = job["pipelineSpec"]["root"]["dag"]["tasks"]["Pusher"]["inputs"]["parameters"]["custom_config"]
-    assert json.loads(pusher["runtimeValue"]["constantValue"]["stringValue"]) == {"keep_versions": 2}
-    args = cli._build_parser().parse_args(["run", "--keep-versions", "0"])
-    assert cli._config_from_args(args).keep_versions == 0
+def test_keep_versions_reaches_the_config_of_local_runs():
+    for flag, expected in (("2", 2), ("0", 0)):
+        args = cli._build_parser().parse_args(["run", "--keep-versions", flag])
+        assert cli._config_from_args(args).keep_versions == expected
 
 
 def _corpus_missing(tmp_path):
@@ -153,6 +147,14 @@ def test_summary_names_the_spans_trained_on():
     assert "/c/span-{SPAN}/* (spans 2, 3)" in window and "246 documents" in window and "(the newest span)" in window
     single = report.format_summary({"corpus": "/c/a.txt", "span": 0, "spans": [0]})
     assert "/c/a.txt (span 0)" in single and "newest span" not in single
+
+
+def test_summary_says_what_retention_removed():
+    pushed = {"pushed_model_path": "/s/deepseek/9", "pushed_version": "9", "serve_command": "docker run ..."}
+    lines = report.format_summary({**pushed, "keep_versions": 2, "removed_versions": [5, 7]}).splitlines()
+    assert "  retention:     keep 2 pushed versions; removed 5, 7" in lines
+    assert "removed none" in report.format_summary({**pushed, "keep_versions": 0, "removed_versions": []})
+    assert "retention" not in report.format_summary(pushed)
 
 
 @pytest.mark.slow

@@ -187,8 +187,8 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  (custom ops, as TF Serving has them)
 model = tf.saved_model.load(sys.argv[1])
 out = model.signatures["generate"](
-    prompt=tf.constant(["ROMEO:", ""]), max_new_tokens=tf.constant(24), temperature=tf.constant(0.0),
-    top_k=tf.constant(0), seed=tf.constant(0))
+    prompt=tf.constant(["ROMEO:", ""]), max_new_tokens=tf.constant([24, 24]), temperature=tf.constant([0.0, 0.0]),
+    top_k=tf.constant([0, 0]), seed=tf.constant([0, 0]))
 score = model.signatures["score"](text=tf.constant(["First Citizen:\nSpeak, speak."]))
 project = sorted(m for m in sys.modules if m.split(".")[0] in ("deepseek_tfx", "tfx"))
 print(json.dumps({"texts": [t.decode("utf-8") for t in out["text"].numpy()],

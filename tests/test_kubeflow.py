@@ -55,7 +55,6 @@ def _check_spec(spec):
     bounds = {m["class_name"]: m.get("threshold", {}).get("value_threshold")
               for m in eval_config["metrics_specs"][0]["metrics"]}
     assert bounds["BitsPerByte"] == {"upper_bound": 3.5}
-    assert json.loads(_parameter(spec, "Pusher", "custom_config")) == {"keep_versions": 5}
     assert "gs://bucket/serving/deepseek" in _parameter(spec, "Pusher", "push_destination")
     assert "span-{SPAN}/*" in _parameter(spec, "TextExampleGen", "input_config")
     assert _parameter(spec, "TextExampleGen", "input_base") == "gs://bucket/corpus"

@@ -66,24 +66,55 @@ def _saved_model(path, files=3, size=1000):
     return str(path)
 
 
-def test_push_writes_increasing_versions_and_keeps_the_newest(tmp_path):
+def test_push_writes_increasing_versions(tmp_path):
     model = _saved_model(tmp_path / "model")
     base = str(tmp_path / "serving" / "deepseek")
-    versions = [model_gate.push_atomically(model, base, keep_versions=2)[1] for _ in range(4)]
+    versions = [model_gate.push_atomically(model, base)[1] for _ in range(4)]
     assert versions == sorted(set(versions))  # strictly increasing, even within one second
-    assert sorted(os.listdir(base)) == sorted(str(v) for v in versions[-2:])
-    for v in versions[-2:]:
+    assert sorted(os.listdir(base)) == sorted(str(v) for v in versions)  # the push itself deletes nothing
+    for v in versions:
         assert sorted(os.listdir(os.path.join(base, str(v)))) == ["saved_model.pb", "variables"]
     assert model_gate.next_version(base, now=0) == versions[-1] + 1
     assert model_gate.next_version(base, now=versions[-1] + 100) == versions[-1] + 100
 
 
-def test_keep_versions_zero_keeps_all(tmp_path):
+@pytest.mark.parametrize("base", ["local", "ram://serving/deepseek"])
+def test_saved_model_pb_is_copied_last(tmp_path, monkeypatch, base):
+    """TF Serving takes saved_model.pb as the sign of a complete model, locally and on object stores (ram://
+    is TensorFlow's in-memory filesystem, standing in for gs://: there the model is copied in place)."""
+    model = _saved_model(tmp_path / "model", files=5)
+    base = str(tmp_path / "serving") if base == "local" else base
+    written = []
+    real_copy = model_gate.fileio.copy
+
+    def recording_copy(src, dst, overwrite=False):
+        written.append(dst)
+        real_copy(src, dst, overwrite)
+
+    monkeypatch.setattr(model_gate.fileio, "copy", recording_copy)
+    path, version = model_gate.push_atomically(model, base)
+    assert len(written) == 6 and os.path.basename(written[-1]) == "saved_model.pb"
+    assert all(os.path.basename(w) != "saved_model.pb" for w in written[:-1])
+    if "://" in base:
+        assert all(w.startswith(f"{base}/{version}/") for w in written)  # in place: no rename on a store
+    assert model_gate.fileio.exists(os.path.join(path, "variables", "part-4"))
+
+
+def test_a_killed_push_leaves_no_temporary_after_the_next_push(tmp_path):
     model = _saved_model(tmp_path / "model")
-    base = str(tmp_path / "serving")
-    for _ in range(3):
-        model_gate.push_atomically(model, base)
-    assert len(model_gate.numeric_versions(base)) == 3
+    base = tmp_path / "serving"
+    model_gate.push_atomically(model, str(base))
+    killed = base / ".tmp-1000-4242"  # what a push killed mid-copy leaves (an older version number)
+    killed.mkdir()
+    (killed / "variables").mkdir()
+    (killed / "variables" / "part-0").write_bytes(b"half")
+    foreign = base / ".tmp-notes"  # not a push's temporary: kept
+    foreign.mkdir()
+    path, _ = model_gate.push_atomically(model, str(base))
+    assert not killed.exists()
+    assert foreign.exists()
+    assert not [n for n in os.listdir(base) if model_gate._TMP_DIR.fullmatch(n)]
+    assert os.path.exists(os.path.join(path, "saved_model.pb"))
 
 
 def test_a_failed_copy_leaves_no_version_and_no_temporary(tmp_path, monkeypatch):
@@ -91,7 +122,7 @@ def test_a_failed_copy_leaves_no_version_and_no_temporary(tmp_path, monkeypatch)
     base = tmp_path / "serving"
     real_copy = model_gate.io_utils.copy_dir
 
-    def copy_then_fail(src, dst, **kwargs):
+    def copy_then_fail(src, dst, **kwargs):  # everything but saved_model.pb is copied, then the copy fails
         real_copy(src, dst, **kwargs)
         raise OSError("disk full")
 
@@ -138,10 +169,31 @@ def test_a_polling_server_never_sees_a_partial_version(tmp_path):
     assert seen and seen <= set(pushed)
 
 
-def test_negative_retention_is_refused():
-    from tfx import v1 as tfx
+def _pushed(lineage, base, version):
+    """A PushedModel artifact recording a push of ``version`` to ``base``, and its directory."""
+    path = os.path.join(base, str(version))
+    os.makedirs(path)
+    open(os.path.join(path, "saved_model.pb"), "wb").close()
+    return lineage.artifact(standard_artifacts.PushedModel, pushed=1, pushed_version=str(version),
+                            pushed_destination=path)
 
-    with pytest.raises(model_gate.GateError, match="keep_versions must be >= 0"):
-        model_gate.AtomicPusher(model=tfx.dsl.Channel(type=standard_artifacts.Model),
-                                model_blessing=tfx.dsl.Channel(type=standard_artifacts.ModelBlessing),
-                                push_destination=tfx.proto.PushDestination(), keep_versions=-1)
+
+def test_retention_deletes_only_versions_this_pipeline_pushed_and_never_the_pinned_one(tmp_path):
+    from deepseek_tfx.pipeline.local_runner import retain_pushed_versions
+    from tests.mlmd_fakes import Lineage
+
+    lineage, base = Lineage(), str(tmp_path / "serving" / "deepseek")
+    for version in (100, 200, 300, 400, 500):
+        _pushed(lineage, base, version)
+    os.makedirs(os.path.join(base, "150"))  # an operator's rollback copy: no PushedModel records it
+    other = str(tmp_path / "other" / "deepseek")
+    _pushed(lineage, other, 50)  # another pipeline's push, elsewhere
+    lineage.artifact(standard_artifacts.PushedModel, pushed=0, pushed_version="", pushed_destination="")
+
+    assert retain_pushed_versions(lineage.store, base, keep=2, pinned=200) == [100, 300]
+    assert sorted(os.listdir(base)) == ["150", "200", "400", "500"]
+    assert os.listdir(other) == ["50"]
+    assert retain_pushed_versions(lineage.store, base, keep=2, pinned=200) == []  # idempotent
+    assert retain_pushed_versions(lineage.store, base, keep=0) == []  # 0 keeps all
+    assert retain_pushed_versions(lineage.store, base, keep=1) == [200, 400]  # the pin lifted
+    assert sorted(os.listdir(base)) == ["150", "500"]

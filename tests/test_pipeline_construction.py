@@ -60,7 +60,6 @@ def test_component_parameters_follow_the_config(tmp_path):
     assert "Perplexity" in eval_config and "BitsPerByte" in eval_config and '"upper_bound"' in eval_config
     assert nodes["Evaluator"].exec_properties["example_splits"] == '["eval"]'
     assert str(tmp_path / "serving") in nodes["Pusher"].exec_properties["push_destination"]
-    assert json.loads(nodes["Pusher"].exec_properties["custom_config"]) == {"keep_versions": 5}
 
 
 def test_gate_thresholds_follow_the_config(tmp_path):

@@ -1,5 +1,9 @@
 """TF Serving configuration and the clients' request format."""
 
+import json
+import os
+
+import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
@@ -29,7 +33,8 @@ def test_kubernetes_manifest_serves_the_pushed_directory(tmp_path):
     assert container["image"] == "tensorflow/serving:2.16.1"
     assert {"name": "MODEL_NAME", "value": "deepseek"} in container["env"]
     assert {p["containerPort"] for p in container["ports"]} == {8500, 8501}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/v1/models/deepseek", "port": 8501}
+    # /v1/models/NAME answers 200 while a version is still LOADING; the metadata endpoint only once it is loaded.
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v1/models/deepseek/metadata", "port": 8501}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["models"]["persistentVolumeClaim"]["claimName"] == "models-pvc"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
@@ -43,7 +48,10 @@ def test_kubernetes_manifest_serves_the_pushed_directory(tmp_path):
 def test_generate_request_and_response_formats():
     body = client.generate_request(["a", "b"], max_new_tokens=5, temperature=0.5, top_k=3, seed=9)
     assert body == {"signature_name": "generate",
-                    "inputs": {"prompt": ["a", "b"], "max_new_tokens": 5, "temperature": 0.5, "top_k": 3, "seed": 9}}
+                    "inputs": {"prompt": ["a", "b"], "max_new_tokens": [5, 5], "temperature": [0.5, 0.5],
+                               "top_k": [3, 3], "seed": [9, 9]}}
+    with pytest.raises(ValueError, match="rest_format must be one of"):
+        client.generate_request(["a"], rest_format="csv")
     assert client.parse_generate_response({"outputs": ["x", "y"]}) == ["x", "y"]
     assert client.parse_generate_response({"outputs": {"text": ["x"]}}) == ["x"]
 
@@ -52,3 +60,44 @@ def test_generate_command_reports_an_unreachable_server(capsys):
     code = cli.main(["generate", "--server", "http://127.0.0.1:9", "hello"])
     assert code == cli.EXIT_FAILED
     assert "http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def _version(base, version, max_batch_size=None):
+    path = os.path.join(base, "deepseek", str(version))
+    os.makedirs(os.path.join(path, "assets.extra"))
+    open(os.path.join(path, "saved_model.pb"), "wb").close()
+    if max_batch_size:
+        with open(os.path.join(path, "assets.extra", "deepseek_config.json"), "w") as f:
+            json.dump({"serving": {"max_batch_size": max_batch_size}}, f)
+
+
+def _policy(paths):
+    config = text_format.Parse(open(paths["models.config"]).read(), model_server_config_pb2.ModelServerConfig())
+    return config.model_config_list.config[0].model_version_policy
+
+
+def test_batching_config_follows_the_newest_exported_limit(tmp_path):
+    _version(str(tmp_path), 100, max_batch_size=4)
+    _version(str(tmp_path), 200, max_batch_size=16)
+    paths = tf_serving.write_configs(str(tmp_path), "deepseek")
+    batching = open(paths["batching.config"]).read()
+    assert "max_batch_size { value: 16 }" in batching and "pad_variable_length_inputs: false" in batching
+    assert "max_batch_size { value: 16 }" in open(paths["kubernetes.yaml"]).read()
+
+
+def test_a_pin_is_kept_by_later_config_writes_until_it_is_lifted(tmp_path, capsys):
+    base = tmp_path / "serving_model"
+    _version(str(base), 100)
+    _version(str(base), 200)
+    assert cli.main(["serve-config", "--output", str(tmp_path), "--pin", "100"]) == 0
+    assert "served:   100 (pinned)" in capsys.readouterr().out
+    paths = tf_serving.write_configs(str(base), "deepseek")  # what every later run does after its push
+    assert list(_policy(paths).specific.versions) == [100]
+    with pytest.raises(tf_serving.PinError, match="cannot pin version 150"):
+        tf_serving.pin_version(str(base), "deepseek", 150)
+    assert cli.main(["serve-config", "--output", str(tmp_path), "--pin", "150"]) == cli.EXIT_USAGE
+    assert "holds no SavedModel" in capsys.readouterr().err
+    assert tf_serving.pinned_version(str(base), "deepseek") == 100  # a refused pin changes nothing
+    assert cli.main(["serve-config", "--output", str(tmp_path), "--unpin"]) == 0
+    assert "served:   200 (latest)" in capsys.readouterr().out
+    assert _policy(paths).latest.num_versions == 1

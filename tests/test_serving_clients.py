@@ -72,11 +72,32 @@ def test_rest_generate_posts_the_predict_request_and_reads_the_named_output(rest
     assert request["headers"]["content-type"] == "application/json"
     body = request["json"]
     assert body == client.generate_request(["hello", "wor"], max_new_tokens=5, temperature=0.75, top_k=3, seed=9)
-    assert body == {"signature_name": "generate",
-                    "inputs": {"prompt": ["hello", "wor"], "max_new_tokens": 5, "temperature": 0.75, "top_k": 3,
-                               "seed": 9}}
+    assert body == {"signature_name": "generate",  # one value per prompt: TF Serving's batching needs a batch dim
+                    "inputs": {"prompt": ["hello", "wor"], "max_new_tokens": [5, 5], "temperature": [0.75, 0.75],
+                               "top_k": [3, 3], "seed": [9, 9]}}
     inputs = body["inputs"]
-    assert [type(inputs[k]) for k in ("max_new_tokens", "temperature", "top_k", "seed")] == [int, float, int, int]
+    assert [type(inputs[k][1]) for k in ("max_new_tokens", "temperature", "top_k", "seed")] == [int, float, int, int]
+
+
+def test_rest_generate_sends_rows_in_the_instances_format(rest_stub):
+    rest_stub.reply = {"predictions": [" one", " two"]}  # TF Serving's row answer for a single output
+    texts = client.rest_generate(rest_stub.url, "deepseek", ["a", "b"], timeout=TIMEOUT, rest_format="rows",
+                                 max_new_tokens=3, temperature=0.5, seed=4)
+    assert texts == [" one", " two"]
+    [request] = rest_stub.requests
+    row = {"max_new_tokens": 3, "temperature": 0.5, "top_k": 0, "seed": 4}
+    assert request["json"] == {"signature_name": "generate",
+                               "instances": [{"prompt": "a", **row}, {"prompt": "b", **row}]}
+    assert client.parse_generate_response({"predictions": [{"text": "x"}]}) == ["x"]  # several outputs: objects
+
+
+def test_a_server_without_a_scheme_means_http_and_another_scheme_is_refused(rest_stub):
+    rest_stub.reply = {"outputs": ["!"]}
+    host_port = rest_stub.url.removeprefix("http://")
+    assert client.rest_generate(host_port, "deepseek", ["a"], timeout=TIMEOUT) == ["!"]
+    assert rest_stub.requests[0]["path"] == "/v1/models/deepseek:predict"
+    with pytest.raises(ValueError, match=r"http://HOST:PORT .* got 'grpc://localhost:8500'"):
+        client.rest_generate("grpc://localhost:8500", "deepseek", ["a"], timeout=TIMEOUT)
 
 
 def test_rest_generate_sends_float_temperature_and_reads_the_single_output_form(rest_stub):
@@ -85,11 +106,11 @@ def test_rest_generate_sends_float_temperature_and_reads_the_single_output_form(
     assert texts == ["é!"]
     [request] = rest_stub.requests
     assert request["path"] == "/v1/models/other-model:predict"  # the trailing slash of the server is dropped
-    assert b'"temperature": 1.0' in request["raw"]  # an int temperature goes out as a JSON float
+    assert b'"temperature": [1.0]' in request["raw"]  # an int temperature goes out as a JSON float
     assert request["json"] == {"signature_name": "generate",
-                               "inputs": {"prompt": ["x"], "max_new_tokens": 64, "temperature": 1.0, "top_k": 0,
-                                          "seed": 0}}
-    assert type(request["json"]["inputs"]["temperature"]) is float
+                               "inputs": {"prompt": ["x"], "max_new_tokens": [64], "temperature": [1.0], "top_k": [0],
+                                          "seed": [0]}}
+    assert type(request["json"]["inputs"]["temperature"][0]) is float
 
 
 def test_rest_generate_raises_on_an_http_error_status(rest_stub):
@@ -198,8 +219,8 @@ def test_grpc_generate_sends_typed_inputs_and_decodes_the_text_output(grpc_stub)
         tensor = request.inputs[name]
         assert tensor.dtype == dtype, name
         array = tf.make_ndarray(tensor)
-        assert array.shape == () and array.dtype == np_dtype, name  # a scalar, as the signature takes it
-        assert array.item() == value, name
+        assert array.shape == (2,) and array.dtype == np_dtype, name  # one value per prompt, as the signature takes
+        assert array.tolist() == [value, value], name
 
 
 def test_grpc_generate_sends_the_defaults_and_raises_on_an_rpc_error(grpc_stub):
@@ -209,8 +230,8 @@ def test_grpc_generate_sends_the_defaults_and_raises_on_an_rpc_error(grpc_stub):
     grpc_stub.texts = ["!"]
     assert client.grpc_generate(grpc_stub.target, "m", ["a"], timeout=TIMEOUT) == ["!"]
     inputs = grpc_stub.requests[0].inputs
-    assert {k: tf.make_ndarray(inputs[k]).item() for k in ("max_new_tokens", "temperature", "top_k", "seed")} == {
-        "max_new_tokens": 64, "temperature": 0.0, "top_k": 0, "seed": 0}
+    assert {k: tf.make_ndarray(inputs[k]).tolist() for k in ("max_new_tokens", "temperature", "top_k", "seed")} == {
+        "max_new_tokens": [64], "temperature": [0.0], "top_k": [0], "seed": [0]}
 
     grpc_stub.abort = (grpc.StatusCode.NOT_FOUND, "Servable not found for request: Latest(m)")
     with pytest.raises(grpc.RpcError) as error:

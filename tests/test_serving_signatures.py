@@ -6,13 +6,21 @@ op (``tf.nondifferentiable_batch_function``, the kernel family with the same inp
 requests of different sizes.
 """
 
+import base64
 import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
 import threading
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from deepseek_tfx.pipeline import cli
+from deepseek_tfx.serving import client
 from deepseek_tfx.serving.client import generate_tensors
 from deepseek_tfx.trainer_module import export
 from deepseek_tfx.trainer_module.config import ServingConfig, get_preset
@@ -21,7 +29,7 @@ from deepseek_tfx.trainer_module.tokenizer import EOS_ID, ByteTokenizer
 from tests.export_helpers import TransformOutputStandIn
 
 CONTEXT = 32
-LIMITS = ServingConfig(max_batch_size=8, max_new_tokens=12, max_text_bytes=400, max_prompt_bytes=16,
+LIMITS = ServingConfig(max_batch_size=8, max_new_tokens=16, max_text_bytes=400, max_prompt_bytes=16,
                        score_chunk_windows=2)
 
 
@@ -34,10 +42,15 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def signatures(model, tmp_path_factory):
+def export_dir(model, tmp_path_factory):
     path = str(tmp_path_factory.mktemp("export"))
     export.export_serving_model(model, TransformOutputStandIn(), ByteTokenizer(), path, limits=LIMITS)
-    loaded = tf.saved_model.load(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def signatures(export_dir):
+    loaded = tf.saved_model.load(export_dir)
     yield loaded.signatures  # the signatures need `loaded` alive: it owns the variables
     del loaded
 
@@ -140,8 +153,8 @@ BAD_GENERATE = [
     ({"temperature": [-1.0]}, r"temperature: each value must be a finite number >= 0"),
     ({"temperature": [float("inf")]}, r"temperature: each value must be a finite number >= 0"),
     ({"top_k": [-1]}, r"top_k: each value must be >= 0"),
-    ({"max_new_tokens": [-1]}, r"max_new_tokens: each value must be within \[0, 12\]"),
-    ({"max_new_tokens": [13]}, r"max_new_tokens: each value must be within \[0, 12\] .*max_new_tokens=12"),
+    ({"max_new_tokens": [-1]}, r"max_new_tokens: each value must be within \[0, 16\]"),
+    ({"max_new_tokens": [17]}, r"max_new_tokens: each value must be within \[0, 16\] .*max_new_tokens=16"),
     ({"seed": [1, 2]}, r"seed: has\] \[2\] \[values for\] \[1\]"),
 ]
 
@@ -209,3 +222,74 @@ def test_score_in_chunks_equals_one_model_call_per_text(model):
         logits = model(x, training=False)[0]
         expected += float(tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)))
     assert abs(float(chunked[0][0]) - expected) < 1e-3 * expected
+
+
+SERVE_IN_FRESH_PROCESS = r"""
+import base64, json, sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (as TF Serving has the ops)
+from tensorflow_serving.apis import predict_pb2
+model = tf.saved_model.load(sys.argv[1])
+answers = []
+for kind, request in json.loads(sys.argv[2]):
+    if kind == "grpc":  # a serialized PredictRequest: tensors as sent
+        proto = predict_pb2.PredictRequest.FromString(base64.b64decode(request))
+        signature = model.signatures[proto.model_spec.signature_name]
+        inputs = {k: tf.constant(tf.make_ndarray(v)) for k, v in proto.inputs.items()}
+    else:  # REST: TF Serving stacks "instances" rows, or takes "inputs" columns as they are
+        signature = model.signatures[request.get("signature_name", "serving_default")]
+        specs = signature.structured_input_signature[1]
+        columns = request.get("inputs") or {k: [row[k] for row in request["instances"]] for k in specs}
+        inputs = {k: tf.constant(v, specs[k].dtype) for k, v in columns.items()}
+    outputs = signature(**inputs)
+    answers.append({k: [x.decode("utf-8") if isinstance(x, bytes) else float(x) for x in v.numpy().tolist()]
+                    for k, v in outputs.items()})
+project = sorted(m for m in sys.modules if m.split(".")[0] in ("deepseek_tfx", "tfx"))
+print(json.dumps({"answers": answers, "project_modules": project}))
+"""
+
+
+def readme_request_bodies() -> list[dict]:
+    """The JSON request bodies the README shows."""
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+    return [json.loads(block) for block in re.findall(r"```json\n(.*?)```", readme, flags=re.S)]
+
+
+def test_every_readme_request_body_and_the_grpc_request_work_against_a_fresh_process_load(export_dir, signatures):
+    bodies = readme_request_bodies()
+    assert {("inputs" in b and "columns") or "rows" for b in bodies} == {"columns", "rows"}
+    assert {b["signature_name"] for b in bodies} == {"generate", "score"}
+    grpc = client.grpc_request("deepseek", ["ROMEO:", "JULIET:"], max_new_tokens=5, temperature=0.5, seed=2)
+    requests = [["rest", b] for b in bodies]
+    requests.append(["grpc", base64.b64encode(grpc.SerializeToString()).decode()])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", SERVE_IN_FRESH_PROCESS, export_dir, json.dumps(requests)],
+                            capture_output=True, text=True, env=env, cwd="/", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    answer = json.loads(result.stdout.strip().splitlines()[-1])
+    assert answer["project_modules"] == []
+    assert len(answer["answers"]) == len(requests)
+    for body, got in zip(bodies, answer["answers"], strict=False):
+        rows = len(body.get("instances") or next(iter(body["inputs"].values())))
+        assert got and all(len(v) == rows for v in got.values()), body
+    # the columns and rows bodies of generate are the same request: the same texts
+    generate_answers = [got["text"] for b, got in zip(bodies, answer["answers"], strict=False)
+                        if b["signature_name"] == "generate"]
+    assert len(generate_answers) == 2 and generate_answers[0] == generate_answers[1]
+    # ... and what this process computes for it
+    columns = next(b for b in bodies if "inputs" in b)["inputs"]
+    here = signatures["generate"](**{k: tf.constant(v, client.GENERATE_DTYPES[k]) for k, v in columns.items()})
+    assert [t.decode() for t in here["text"].numpy().tolist()] == generate_answers[0]
+    grpc_here = signatures["generate"](**generate_tensors(["ROMEO:", "JULIET:"], 5, 0.5, 0, 2))["text"]
+    assert answer["answers"][-1]["text"] == [t.decode() for t in grpc_here.numpy().tolist()]
+
+
+def test_generate_command_loads_a_version_directory_and_reports_bad_options(export_dir, capsys):
+    assert cli.main(["generate", "--model-dir", export_dir, "--max-new-tokens", "4", "ab", "c"]) == 0
+    out = capsys.readouterr().out  # prompt + continuation, one per prompt (random weights: any bytes)
+    assert out.startswith("ab") and "\nc" in out and len(out) > len("ab\nc\n")
+    assert cli.main(["generate", "--model-dir", export_dir, "--max-new-tokens", "4", "--temperature", "nan",
+                     "ab"]) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.startswith(f"deepseek-tfx: error: {export_dir}: temperature: each value must be a finite number")
+    assert "Traceback" not in err and len(err.splitlines()) == 1

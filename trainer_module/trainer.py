@@ -1,7 +1,8 @@
 """The Trainer's ``run_fn``: builds the model, trains it on packed blocks, exports it.
 
-Config comes only from ``fn_args``: ``custom_config['model']`` and
-``custom_config['train']`` (dicts of ModelConfig / TrainConfig), the train steps
+Config comes only from ``fn_args``: ``custom_config['model']``,
+``custom_config['train']`` and ``custom_config['serving']`` (dicts of ModelConfig /
+TrainConfig / ServingConfig, the last one the export's request limits), the train steps
 from TrainArgs, and the vocabulary size from the tokenizer. The model run
 directory receives TensorBoard logs (train/, eval/, hparams/) and
 ``training_summary.json``.
@@ -28,7 +29,7 @@ import tensorflow_transform as tft
 import tf_keras as keras
 
 from deepseek_tfx.trainer_module import data, export
-from deepseek_tfx.trainer_module.config import SUMMARY_FILE, ConfigError, ModelConfig, TrainConfig
+from deepseek_tfx.trainer_module.config import SUMMARY_FILE, ConfigError, ModelConfig, ServingConfig, TrainConfig
 from deepseek_tfx.trainer_module.model import DeepSeekLM
 from deepseek_tfx.trainer_module.flops import compute_dtype, measure_matmul_peak, training_flops_per_token
 from deepseek_tfx.trainer_module.train_loop import Checkpointer, TrainLoop, make_optimizer
@@ -274,4 +275,5 @@ def _export(run: _Run, model) -> None:
     serving_model(tf.zeros([1, 8], tf.int64))
     serving_model.set_weights(model.get_weights())
     export.export_serving_model(serving_model, tft.TFTransformOutput(run.fn_args.transform_output), run.tokenizer,
-                                run.fn_args.serving_model_dir, extra_config={"train": run.train_cfg.to_dict()})
+                                run.fn_args.serving_model_dir, extra_config={"train": run.train_cfg.to_dict()},
+                                limits=ServingConfig.from_dict(run.custom.get("serving", {})))
