@@ -17,6 +17,7 @@ TRANSFORM = "Transform"
 TRAINER = "Trainer"
 EVALUATOR = "Evaluator"
 PUSHER = "Pusher"
+INFRA_VALIDATOR = "InfraValidator"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,4 +126,4 @@ def config_from_env(env: Mapping[str, str]) -> PipelineConfig:
 
 
 __all__ = ["PipelineConfig", "ConfigError", "config_from_env", "PIPELINE_NAME", "MODEL_NAME", "EXAMPLE_GEN",
-           "TRANSFORM", "TRAINER", "EVALUATOR", "PUSHER"]
+           "TRANSFORM", "TRAINER", "EVALUATOR", "PUSHER", "INFRA_VALIDATOR"]

@@ -217,6 +217,20 @@ class LocalRun:
         return os.path.join(self.corpus_base, self.corpus_pattern)
 
 
+def docker_reachable(timeout: float = 5.0) -> tuple[bool, str]:
+    """Whether a Docker engine answers here (InfraValidator starts TF Serving in it), and why not."""
+    try:
+        import docker  # noqa: PLC0415  (tfx's dependency; only this check needs it)
+    except ImportError:
+        return False, "the docker Python package is not installed"
+    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    try:
+        docker.from_env(timeout=timeout).ping()
+    except Exception as e:  # DockerException, connection refused, permission denied: all mean "not usable"
+        return False, f"no Docker engine answers at {where} ({type(e).__name__})"
+    return True, f"Docker engine at {where}"
+
+
 def prepare(
     *,
     output: str,
@@ -225,10 +239,13 @@ def prepare(
     beam_args: Sequence[str] = (),
     metadata: metadata_store_pb2.ConnectionConfig | None = None,
     pipeline_name: str = PIPELINE_NAME,
+    infra_validation: bool | None = None,
 ) -> LocalRun:
     """Checks the corpus (writing the built-in one when none is given) and builds the pipeline.
 
     The Beam mode is chosen by the corpus size (default_beam_args); ``beam_args`` come after, so they win.
+    TFX's InfraValidator runs before the Pusher when a Docker engine answers (``infra_validation`` None:
+    docker_reachable decides, and a skip is logged with its reason).
 
     Raises:
         components.text_corpus.CorpusError: the corpus cannot produce documents.
@@ -241,6 +258,10 @@ def prepare(
     corpus_bytes = sum(corpus_lib.uncompressed_size(f) for f in files) if not is_remote(base) else None
     metadata = metadata or metadata_connection("sqlite", layout.output, {})
     beam_args = [*default_beam_args(corpus_bytes), *beam_args]
+    if infra_validation is None:
+        infra_validation, reason = docker_reachable()
+        if not infra_validation:
+            log.info("InfraValidator skipped: %s", reason)
     pipeline = create_pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=layout.pipeline_root,
@@ -250,6 +271,7 @@ def prepare(
         config=config,
         metadata_connection_config=metadata,
         beam_pipeline_args=beam_args,
+        infra_validation=infra_validation,
     )
     return LocalRun(pipeline, config, layout, base, pattern, metadata, beam_args)
 

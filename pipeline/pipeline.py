@@ -44,7 +44,16 @@ from deepseek_tfx.components.baseline_resolver import (
 from deepseek_tfx.components.text_example_gen import TextExampleGen
 from deepseek_tfx.components.tokenizer_consumers import TokenizingTrainer, TokenizingTransform, VertexTokenizingTrainer
 from deepseek_tfx.components.tokenizer_gen import Tokenizer, TokenizerGen
-from deepseek_tfx.pipeline.config import EVALUATOR, EXAMPLE_GEN, PUSHER, TRAINER, TRANSFORM, ConfigError, PipelineConfig
+from deepseek_tfx.pipeline.config import (
+    EVALUATOR,
+    EXAMPLE_GEN,
+    INFRA_VALIDATOR,
+    PUSHER,
+    TRAINER,
+    TRANSFORM,
+    ConfigError,
+    PipelineConfig,
+)
 
 PREPROCESSING_FN = "deepseek_tfx.trainer_module.preprocessing.preprocessing_fn"
 RUN_FN = "deepseek_tfx.trainer_module.trainer.run_fn"
@@ -165,6 +174,33 @@ class _Resolvers:
         ).with_id("latest_blessed_model_resolver")
 
 
+SERVING_IMAGE_TAG = "2.16.1"
+"""The tensorflow/serving release InfraValidator starts (serving.tf_serving.SERVING_IMAGE's tag)."""
+
+
+def infra_validator(model, examples, model_name: str) -> tfx.components.InfraValidator:
+    """TFX's InfraValidator, LOAD_AND_QUERY in a local ``tensorflow/serving`` container (Docker).
+
+    Loading replays the export's warmup requests (``generate`` and ``score`` on its own example prompts,
+    trainer_module.export.WARMUP_FILE), so a model whose generate fails never loads; the query step sends
+    ``serving_default`` requests that TFX builds from two eval examples of this run's data (TFX's request
+    builder only builds requests for signatures that take serialized examples). Its examples are the
+    newest span's, one Examples artifact.
+    """
+    return tfx.components.InfraValidator(
+        model=model,
+        examples=examples,
+        serving_spec=tfx.proto.ServingSpec(
+            tensorflow_serving=tfx.proto.TensorFlowServing(tags=[SERVING_IMAGE_TAG]),
+            local_docker=tfx.proto.LocalDockerConfig(),
+            model_name=model_name),
+        validation_spec=tfx.proto.ValidationSpec(max_loading_time_seconds=300, num_tries=2),
+        request_spec=tfx.proto.RequestSpec(
+            tensorflow_serving=tfx.proto.TensorFlowServingRequestSpec(signature_names=["serving_default"]),
+            split_name="eval", num_examples=2),
+    ).with_id(INFRA_VALIDATOR)
+
+
 def create_ingest_pipeline(
     *,
     pipeline_name: str,
@@ -208,6 +244,7 @@ def create_pipeline(
     enable_cache: bool = True,
     portable_resolvers: bool = False,
     vertex_training: dict | None = None,
+    infra_validation: bool = False,
 ) -> tfx.dsl.Pipeline:
     """Wires the components of the text-to-served-model pipeline.
 
@@ -231,6 +268,9 @@ def create_pipeline(
         vertex_training: run the Trainer as a Vertex AI custom job
             (components.tokenizer_consumers.vertex_training_config) instead of in
             the pipeline step; None trains in the step.
+        infra_validation: add TFX's InfraValidator (see infra_validator) before the Pusher, which then
+            pushes only a model that loaded and answered in TF Serving. Needs a Docker engine where the
+            component runs (local runs decide with local_runner.docker_reachable).
     """
     resolvers = _Resolvers(portable_resolvers)
     example_gen = _example_gen(corpus_base, corpus_pattern, config)
@@ -270,9 +310,12 @@ def create_pipeline(
         eval_config=eval_config(config),
         example_splits=["eval"],
     ).with_id(EVALUATOR)
+    infra = (infra_validator(trainer.outputs[MODEL_KEY], example_gen.outputs[EXAMPLES_KEY], config.model_name)
+             if infra_validation else None)
     pusher = AtomicPusher(
         model=trainer.outputs[MODEL_KEY],
         model_blessing=evaluator.outputs[BLESSING_KEY],
+        infra_blessing=infra.outputs[BLESSING_KEY] if infra else None,
         push_destination=tfx.proto.PushDestination(
             filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)),
     ).with_id(PUSHER)
@@ -283,7 +326,7 @@ def create_pipeline(
                     *([span_window] if span_window else []),
                     *([tokenizer_resolver] if tokenizer_resolver else []), tokenizer_gen, transform,
                     *([warm_start_resolver] if warm_start_resolver else []), trainer,
-                    model_resolver, evaluator, pusher],
+                    model_resolver, evaluator, *([infra] if infra else []), pusher],
         enable_cache=enable_cache,
         metadata_connection_config=metadata_connection_config,
         beam_pipeline_args=list(beam_pipeline_args),

@@ -51,6 +51,12 @@ from deepseek_tfx.trainer_module.model import DeepSeekLM, token_nll
 from deepseek_tfx.trainer_module.tokenizer import EOS_ID, PAD_ID
 
 CONFIG_FILE = "deepseek_config.json"
+WARMUP_FILE = "tf_serving_warmup_requests"
+"""TF Serving replays these requests (PredictionLog records in assets.extra/) when it loads a version, before
+marking it AVAILABLE: the first real request does not pay for the first run, and a version whose
+``generate`` or ``score`` fails never becomes AVAILABLE (InfraValidator's load check sees that too)."""
+EXAMPLE_PROMPTS = ("First Citizen:\n", "")
+"""The export's own example prompts (an empty prompt included): its warmup requests."""
 
 
 def score_ids(model: DeepSeekLM, ids: tf.RaggedTensor, context_len: int, chunk_windows: int = 8):
@@ -299,6 +305,35 @@ class LanguageModelModule(tf.Module):
         return logits[:, -1, :], caches, valid
 
 
+def warmup_requests(signatures) -> list:
+    """PredictRequests of the example prompts for ``generate`` (4 greedy tokens) and ``score``."""
+    from tensorflow_serving.apis import predict_pb2  # noqa: PLC0415  (a tfx dependency; only the export needs it)
+
+    n = len(EXAMPLE_PROMPTS)
+    inputs = {"generate": {"prompt": list(EXAMPLE_PROMPTS), "max_new_tokens": [4] * n, "temperature": [0.0] * n,
+                           "top_k": [0] * n, "seed": [0] * n},
+              "score": {"text": list(EXAMPLE_PROMPTS)}}
+    requests = []
+    for name, values in inputs.items():
+        dtypes = {spec.name: spec.dtype for spec in tf.nest.flatten(signatures[name].structured_input_signature)}
+        request = predict_pb2.PredictRequest()
+        request.model_spec.signature_name = name
+        for key, value in values.items():
+            request.inputs[key].CopyFrom(tf.make_tensor_proto(value, dtype=dtypes[key], shape=[n]))
+        requests.append(request)
+    return requests
+
+
+def write_warmup_requests(path: str, signatures) -> None:
+    """Writes ``warmup_requests`` as TF Serving's warmup file (TFRecord of PredictionLog)."""
+    from tensorflow_serving.apis import prediction_log_pb2  # noqa: PLC0415
+
+    with tf.io.TFRecordWriter(path) as writer:
+        for request in warmup_requests(signatures):
+            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+
+
 def read_export_config(export_dir: str) -> dict | None:
     """The ``assets.extra/deepseek_config.json`` an export wrote (None when it is missing)."""
     path = os.path.join(export_dir, "assets.extra", CONFIG_FILE)
@@ -323,6 +358,7 @@ def export_serving_model(model: DeepSeekLM, tf_transform_output, tokenizer, expo
     tf.saved_model.save(module, export_dir, signatures=signatures)
     extra = os.path.join(export_dir, "assets.extra")
     tf.io.gfile.makedirs(extra)
+    write_warmup_requests(os.path.join(extra, WARMUP_FILE), signatures)
     with tf.io.gfile.GFile(os.path.join(extra, CONFIG_FILE), "w") as f:
         json.dump({"model": model.config.to_dict(), "tokenizer": tokenizer.kind,
                    "tokenizer_fingerprint": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
