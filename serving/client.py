@@ -12,6 +12,7 @@ gRPC: ``PredictionService/Predict`` through ``tensorflow-serving-api``.
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
@@ -80,8 +81,20 @@ def rest_generate(server: str, model: str, prompts: Sequence[str], timeout: floa
         f"{rest_url(server)}/v1/models/{model}:predict",
         data=json.dumps(generate_request(prompts, rest_format=rest_format, **options)).encode("utf-8"),
         headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return parse_generate_response(json.loads(response.read().decode("utf-8")))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return parse_generate_response(json.loads(response.read().decode("utf-8")))
+    except urllib.error.HTTPError as e:  # keep the server's own message (e.g. which input was refused)
+        raise urllib.error.HTTPError(e.url, e.code, f"{e.reason}: {_server_error(e)}", e.headers, None) from None
+
+
+def _server_error(error) -> str:
+    """The ``error`` field of a TF Serving error body, else the body's start."""
+    body = error.read().decode("utf-8", errors="replace")
+    try:
+        return str(json.loads(body)["error"])
+    except (ValueError, KeyError, TypeError):
+        return body[:200]
 
 
 def grpc_request(model: str, prompts: Sequence[str], **options):

@@ -169,31 +169,31 @@ def test_a_polling_server_never_sees_a_partial_version(tmp_path):
     assert seen and seen <= set(pushed)
 
 
-def _pushed(lineage, base, version):
-    """A PushedModel artifact recording a push of ``version`` to ``base``, and its directory."""
-    path = os.path.join(base, str(version))
-    os.makedirs(path)
-    open(os.path.join(path, "saved_model.pb"), "wb").close()
-    return lineage.artifact(standard_artifacts.PushedModel, pushed=1, pushed_version=str(version),
-                            pushed_destination=path)
-
-
-def test_retention_deletes_only_versions_this_pipeline_pushed_and_never_the_pinned_one(tmp_path):
+def test_retention_after_pushes_deletes_only_versions_this_pipeline_pushed_never_foreign_or_pinned(tmp_path):
     from deepseek_tfx.pipeline.local_runner import retain_pushed_versions
     from tests.mlmd_fakes import Lineage
 
     lineage, base = Lineage(), str(tmp_path / "serving" / "deepseek")
-    for version in (100, 200, 300, 400, 500):
-        _pushed(lineage, base, version)
-    os.makedirs(os.path.join(base, "150"))  # an operator's rollback copy: no PushedModel records it
-    other = str(tmp_path / "other" / "deepseek")
-    _pushed(lineage, other, 50)  # another pipeline's push, elsewhere
-    lineage.artifact(standard_artifacts.PushedModel, pushed=0, pushed_version="", pushed_destination="")
+    model = _saved_model(tmp_path / "model")
 
-    assert retain_pushed_versions(lineage.store, base, keep=2, pinned=200) == [100, 300]
-    assert sorted(os.listdir(base)) == ["150", "200", "400", "500"]
-    assert os.listdir(other) == ["50"]
-    assert retain_pushed_versions(lineage.store, base, keep=2, pinned=200) == []  # idempotent
+    def push(to):  # a push, recorded in ML Metadata as the Pusher records it
+        path, version = model_gate.push_atomically(model, to)
+        lineage.artifact(standard_artifacts.PushedModel, pushed=1, pushed_version=str(version),
+                         pushed_destination=path)
+        return version
+
+    ours = [push(base) for _ in range(3)]
+    foreign = str(ours[0] - 1)  # an operator's rollback copy, older than every push: no PushedModel records it
+    os.makedirs(os.path.join(base, foreign))
+    other = str(tmp_path / "other" / "deepseek")
+    theirs = push(other)  # another pipeline's push, elsewhere
+    lineage.artifact(standard_artifacts.PushedModel, pushed=0, pushed_version="", pushed_destination="")
+    ours += [push(base) for _ in range(2)]
+
+    assert retain_pushed_versions(lineage.store, base, keep=2, pinned=ours[1]) == [ours[0], ours[2]]
+    assert sorted(os.listdir(base)) == sorted([foreign, str(ours[1]), str(ours[3]), str(ours[4])])
+    assert os.listdir(other) == [str(theirs)]
+    assert retain_pushed_versions(lineage.store, base, keep=2, pinned=ours[1]) == []  # idempotent
     assert retain_pushed_versions(lineage.store, base, keep=0) == []  # 0 keeps all
-    assert retain_pushed_versions(lineage.store, base, keep=1) == [200, 400]  # the pin lifted
-    assert sorted(os.listdir(base)) == ["150", "500"]
+    assert retain_pushed_versions(lineage.store, base, keep=1) == [ours[1], ours[3]]  # the pin lifted
+    assert sorted(os.listdir(base)) == sorted([foreign, str(ours[4])])

@@ -119,6 +119,7 @@ def test_rest_generate_raises_on_an_http_error_status(rest_stub):
     with pytest.raises(urllib.error.HTTPError) as error:
         client.rest_generate(rest_stub.url, "deepseek", ["hello"], timeout=TIMEOUT)
     assert error.value.code == 404
+    assert "Servable not found for request: Latest(deepseek)" in str(error.value)  # the server's own words
     assert len(rest_stub.requests) == 1
 
 
