@@ -16,7 +16,7 @@ import os
 import sys
 
 from deepseek_tfx.pipeline import kubeflow_runner  # first: the project package sets TF_USE_LEGACY_KERAS
-from deepseek_tfx.pipeline.config import config_from_env
+from deepseek_tfx.pipeline.settings import config_from_env
 
 REQUIRED = ("DEEPSEEK_TFX_IMAGE", "DEEPSEEK_TFX_PIPELINE_ROOT", "DEEPSEEK_TFX_CORPUS")
 

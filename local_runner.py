@@ -15,7 +15,7 @@ prints the run summary and writes TF Serving's configs after a push.
 import os
 
 from deepseek_tfx.pipeline import local_runner  # first: the project package sets TF_USE_LEGACY_KERAS
-from deepseek_tfx.pipeline.config import config_from_env
+from deepseek_tfx.pipeline.settings import config_from_env
 from tfx import v1 as tfx
 
 

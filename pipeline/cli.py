@@ -46,10 +46,7 @@ def _build_parser() -> argparse.ArgumentParser:
     retrain.add_argument("--corpus", required=True, metavar="DIR", help="directory holding span-1/, span-2/, ...")
     retrain.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
                          help=f"output directory, the same for every retraining (default: {DEFAULT_OUTPUT})")
-    retrain.add_argument("--last-spans", type=int, default=1, metavar="N",
-                         help="learn the tokenizer, train and evaluate on the spans numbered latest-N+1 .. latest "
-                              "(spans no run has read yet are read and validated first) "
-                              "(default: 1, the newest span only)")
+    _config_flag(retrain, "--last-spans", "pipeline", "last_spans", type=int, metavar="N")
     _add_config_args(retrain)
     _add_local_args(retrain)
     retrain.set_defaults(func=_cmd_run)
@@ -120,6 +117,14 @@ def _build_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt", nargs="+", help="one or more prompts")
     generate.set_defaults(func=_cmd_generate)
 
+    config = sub.add_parser(
+        "config", help="print the effective configuration",
+        description="Print every field of every section as run would use it (the dataclass defaults, the preset, "
+                    "then --config files, flags and --set), each with its docstring.")
+    config.add_argument("action", choices=("show",))
+    _add_config_args(config)
+    config.set_defaults(func=_cmd_config)
+
     serve_config = sub.add_parser(
         "serve-config", help="pin the version TF Serving serves, or go back to the latest",
         description="Rewrite OUTPUT/serving_model/models.config (and batching.config, kubernetes.yaml). --pin makes "
@@ -134,35 +139,43 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_config_args(parser) -> None:
-    """Model, gate and tokenizer options shared by run, retrain and compile."""
-    from deepseek_tfx.trainer_module.config import PAPER_PRESETS, PRESETS  # light import: dataclasses only
+_CONFIG_FLAGS = [  # (flag, section, field, argparse options): shortcuts for --set SECTION.FIELD=VALUE
+    ("--preset", "pipeline", "preset", {"metavar": "NAME"}),
+    ("--train-steps", "pipeline", "train_steps", {"type": int, "metavar": "N"}),
+    ("--eval-fraction", "pipeline", "eval_fraction", {"type": float, "metavar": "F"}),
+    ("--max-bits-per-byte", "pipeline", "max_bits_per_byte", {"type": float, "metavar": "X"}),
+    ("--max-perplexity", "pipeline", "max_perplexity", {"type": float, "metavar": "X"}),
+    ("--regression-tolerance", "pipeline", "regression_tolerance", {"type": float, "metavar": "X"}),
+    ("--bpb-regression-tolerance", "pipeline", "bpb_regression_tolerance", {"type": float, "metavar": "X"}),
+    ("--keep-versions", "pipeline", "keep_versions", {"type": int, "metavar": "N"}),
+    ("--tokenizer", "tokenizer", "kind", {"choices": ("sentencepiece", "byte")}),
+    ("--tokenizer-model", "tokenizer", "model_type", {"choices": ("bpe", "unigram")}),
+    ("--vocab-size", "tokenizer", "vocab_size", {"type": int, "metavar": "N"}),
+    ("--retrain-tokenizer", "pipeline", "retrain_tokenizer", {"action": "store_true"}),
+]
 
-    parser.add_argument("--preset", default="small", choices=sorted(set(PRESETS) - set(PAPER_PRESETS)),
-                        help="model preset (default: small); the paper-sized presets are counted, not built")
-    parser.add_argument("--train-steps", type=int, metavar="N", help="trainer steps (default: the preset's)")
-    parser.add_argument("--eval-fraction", type=float, default=0.1, metavar="F",
-                        help="share of documents in the eval split (default: 0.1)")
-    parser.add_argument("--max-bits-per-byte", type=float, default=4.0, metavar="X",
-                        help="bless only below this eval bits per byte (default: 4.0)")
-    parser.add_argument("--max-perplexity", type=float, metavar="X",
-                        help="bless only below this eval perplexity (default: no bound)")
-    parser.add_argument("--regression-tolerance", type=float, default=0.0, metavar="X",
-                        help="bless a candidate at most this much perplexity worse than the last blessed model "
-                             "(default: 0)")
-    parser.add_argument("--bpb-regression-tolerance", type=float, default=0.0, metavar="X",
-                        help="the same in bits per byte, used when the two models' tokenizers differ (default: 0)")
-    parser.add_argument("--keep-versions", type=int, default=5, metavar="N",
-                        help="pushed versions kept in the serving directory; 0 keeps all (default: 5)")
-    parser.add_argument("--tokenizer", choices=("sentencepiece", "byte"), default="sentencepiece",
-                        help="learned SentencePiece subwords (default) or plain UTF-8 bytes")
-    parser.add_argument("--tokenizer-model", choices=("bpe", "unigram"), default="bpe",
-                        help="SentencePiece algorithm (default: bpe)")
-    parser.add_argument("--vocab-size", type=int, default=2048, metavar="N",
-                        help="SentencePiece vocabulary size incl. 4 reserved ids and 256 byte pieces "
-                             "(default: 2048; reduced, with a warning, when the corpus is too small)")
-    parser.add_argument("--retrain-tokenizer", action="store_true",
-                        help="learn a new tokenizer even if a blessed model exists (default: reuse its tokenizer)")
+
+def _config_flag(parser, flag: str, section: str, name: str, **options) -> None:
+    """A flag for ``section.name``: its help is the field's docstring and its default the dataclass's."""
+    from deepseek_tfx.pipeline import settings
+
+    doc = settings.field_docs(settings.SECTIONS[section]).get(name, "")
+    value = settings.default(section, name)
+    shown = "the preset's" if value is None and name == "train_steps" else value
+    parser.add_argument(flag, dest=f"{section}.{name}", default=argparse.SUPPRESS,
+                        help=f"{doc} (default: {shown}; = --set {section}.{name}=...)".replace("%", "%%"), **options)
+
+
+def _add_config_args(parser) -> None:
+    """The configuration options shared by run, retrain, compile and config show (pipeline/settings.py)."""
+    parser.add_argument("--config", action="append", default=[], metavar="FILE",
+                        help="YAML or JSON file with pipeline:, model:, train:, tokenizer:, serving: sections of "
+                             "fields to change (repeatable; later files win)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", dest="assignments",
+                        help="change one field after the files and flags, e.g. --set train.learning_rate=1e-3 "
+                             "(repeatable); `deepseek-tfx config show` lists every field")
+    for flag, section, name, options in _CONFIG_FLAGS:
+        _config_flag(parser, flag, section, name, **options)
 
 
 def _add_local_args(parser) -> None:
@@ -178,17 +191,23 @@ def _add_local_args(parser) -> None:
 
 
 def _config_from_args(args):
-    from deepseek_tfx.pipeline.config import PipelineConfig
-    from deepseek_tfx.trainer_module.config import TokenizerConfig
+    """The PipelineConfig of --config files, then the flags, then --set assignments."""
+    from deepseek_tfx.pipeline import settings
 
-    tokenizer = TokenizerConfig(kind=args.tokenizer, model_type=args.tokenizer_model, vocab_size=args.vocab_size)
-    return PipelineConfig(preset=args.preset, train_steps=args.train_steps,
-                          eval_fraction=args.eval_fraction, max_bits_per_byte=args.max_bits_per_byte,
-                          max_perplexity=args.max_perplexity, tokenizer=tokenizer,
-                          retrain_tokenizer=args.retrain_tokenizer,
-                          regression_tolerance=args.regression_tolerance,
-                          bpb_regression_tolerance=args.bpb_regression_tolerance,
-                          keep_versions=args.keep_versions, last_spans=getattr(args, "last_spans", 1))
+    flags = [f"{key}={value}" for key, value in vars(args).items() if "." in key]
+    return settings.load(args.config, [*flags, *args.assignments])
+
+
+def _cmd_config(args) -> int:
+    from deepseek_tfx.pipeline import settings
+    from deepseek_tfx.trainer_module.config import ConfigError
+
+    try:
+        print(settings.show(_config_from_args(args)), end="")
+    except ConfigError as e:
+        print(f"deepseek-tfx: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
 
 
 def _cmd_generate(args) -> int:

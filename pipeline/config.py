@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
-from deepseek_tfx.trainer_module.config import ConfigError, ServingConfig, TokenizerConfig, get_preset, require_field
+from deepseek_tfx.trainer_module.config import (
+    PAPER_PRESETS,
+    PRESETS,
+    ConfigError,
+    ModelConfig,
+    ServingConfig,
+    TokenizerConfig,
+    TrainConfig,
+    get_preset,
+    require_field,
+)
 
 PIPELINE_NAME = "deepseek-tfx"
 MODEL_NAME = "deepseek"
@@ -25,9 +34,13 @@ class PipelineConfig:
     """Everything create_pipeline needs besides paths and the orchestrator."""
 
     preset: str = "small"
-    """Model preset (see trainer_module.config.PRESETS)."""
+    """Model preset: the model shape and training recipe that model and train change (see trainer_module.config)."""
+    model: ModelConfig | None = None
+    """The model to train; None takes the preset's."""
+    train: TrainConfig | None = None
+    """The training recipe; None takes the preset's."""
     train_steps: int | None = None
-    """Trainer steps; None takes the preset's."""
+    """Trainer steps (TFX's TrainArgs); None takes train.train_steps."""
     eval_fraction: float = 0.1
     """Share of documents hashed into the eval split."""
     max_document_chars: int = 4096
@@ -67,6 +80,9 @@ class PipelineConfig:
     def __post_init__(self):
         name = type(self).__name__
         get_preset(self.preset)
+        trainable = sorted(set(PRESETS) - set(PAPER_PRESETS))
+        require_field(self.preset not in PAPER_PRESETS, name, "preset",
+                      f"{self.preset} is a paper-sized preset, counted but not built; choose one of {trainable}")
         require_field(self.train_steps is None or self.train_steps > 0, name, "train_steps",
                       f"must be > 0, got {self.train_steps}")
         require_field(0.0 < self.eval_fraction < 1.0, name, "eval_fraction",
@@ -90,40 +106,30 @@ class PipelineConfig:
                       f"must be a non-empty directory name, got {self.model_name!r}")
 
     def trainer_custom_config(self) -> dict[str, Any]:
-        """The Trainer's custom_config: the preset's model and train configs, and the serving limits."""
-        preset = get_preset(self.preset)
-        return {"model": preset.model.to_dict(), "train": preset.train.to_dict(), "serving": self.serving.to_dict(),
-                "preset": self.preset}
+        """The Trainer's custom_config: the model and train configs, and the serving limits."""
+        return {"model": self.resolved_model.to_dict(), "train": self.resolved_train.to_dict(),
+                "serving": self.serving.to_dict(), "preset": self.preset}
+
+    @property
+    def resolved_model(self) -> ModelConfig:
+        return self.model or get_preset(self.preset).model
+
+    @property
+    def resolved_train(self) -> TrainConfig:
+        return self.train or get_preset(self.preset).train
 
     @property
     def resolved_train_steps(self) -> int:
-        return self.train_steps or get_preset(self.preset).train.train_steps
+        return self.train_steps or self.resolved_train.train_steps
 
     @property
     def resolved_eval_batches(self) -> int:
-        """The Trainer's EvalArgs.num_steps: the preset's eval batches (0: no sampled eval loss)."""
-        return get_preset(self.preset).train.eval_batches
+        """The Trainer's EvalArgs.num_steps: the recipe's eval batches (0: no sampled eval loss)."""
+        return self.resolved_train.eval_batches
 
     def replace(self, **changes) -> PipelineConfig:
         return dataclasses.replace(self, **changes)
 
 
-def config_from_env(env: Mapping[str, str]) -> PipelineConfig:
-    """PipelineConfig for the root-level runners, which the tfx CLI starts with no arguments.
-
-    ``DEEPSEEK_TFX_PRESET`` and ``DEEPSEEK_TFX_TRAIN_STEPS`` override the dataclass defaults when set.
-    """
-    overrides: dict[str, Any] = {}
-    if env.get("DEEPSEEK_TFX_PRESET"):
-        overrides["preset"] = env["DEEPSEEK_TFX_PRESET"]
-    if env.get("DEEPSEEK_TFX_TRAIN_STEPS"):
-        try:
-            overrides["train_steps"] = int(env["DEEPSEEK_TFX_TRAIN_STEPS"])
-        except ValueError:
-            raise ConfigError(f"DEEPSEEK_TFX_TRAIN_STEPS must be an integer, got {env['DEEPSEEK_TFX_TRAIN_STEPS']!r}"
-                              ) from None
-    return PipelineConfig(**overrides)
-
-
-__all__ = ["PipelineConfig", "ConfigError", "config_from_env", "PIPELINE_NAME", "MODEL_NAME", "EXAMPLE_GEN",
+__all__ = ["PipelineConfig", "ConfigError", "PIPELINE_NAME", "MODEL_NAME", "EXAMPLE_GEN",
            "TRANSFORM", "TRAINER", "EVALUATOR", "PUSHER", "INFRA_VALIDATOR"]

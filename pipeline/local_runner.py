@@ -24,7 +24,7 @@ from tfx import v1 as tfx
 from deepseek_tfx.components import mlmd
 from deepseek_tfx.components.text_corpus import CorpusError
 from deepseek_tfx.pipeline import corpus as corpus_lib
-from deepseek_tfx.pipeline import report, run_lock
+from deepseek_tfx.pipeline import report, run_lock, settings
 from deepseek_tfx.pipeline.config import EXAMPLE_GEN, PIPELINE_NAME, PipelineConfig
 from deepseek_tfx.pipeline.pipeline import create_ingest_pipeline, create_pipeline
 from deepseek_tfx.serving import tf_serving
@@ -304,6 +304,7 @@ def _run(local: LocalRun) -> dict:
     store = mlmd.open_store(local.metadata)
     summary = report.run_summary(store, pipeline_name)
     summary["corpus"] = local.corpus
+    summary["config"] = {"preset": config.preset, "changed": settings.changes(config)}
     if summary.get("pushed_model_path"):
         serving_base = os.path.dirname(local.layout.serving_model_dir)
         summary["keep_versions"] = config.keep_versions

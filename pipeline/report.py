@@ -141,6 +141,9 @@ def format_summary(summary: dict) -> str:
         f"{num('eval_bits_per_byte', '{:.4f}')} on {num('eval_examples', '{:,.0f}')} eval examples",
         f"  blessed:       {'yes' if summary.get('blessed') else 'no'}",
     ]
+    if summary.get("config"):
+        changed = ", ".join(summary["config"]["changed"]) or "none"
+        lines.insert(2, f"  config:        preset {summary['config']['preset']}; changed {changed}")
     if summary.get("pushed_model_path"):
         lines.append(f"  pushed model:  {summary['pushed_model_path']} (version {summary['pushed_version']})")
         if summary.get("serve_command"):

@@ -9,7 +9,8 @@ from deepseek_tfx.pipeline import cli, report
 
 
 COMMANDS = {"run": "--corpus", "retrain": "--last-spans", "compile": "--engine", "submit": "--package",
-            "lineage": "--metadata", "generate": "--server", "serve-config": "--pin"}  # each with an option of its own
+            "lineage": "--metadata", "generate": "--server", "serve-config": "--pin",
+            "config": "--set"}  # each with an option of its own
 
 
 def test_the_command_list_is_complete():

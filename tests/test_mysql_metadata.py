@@ -5,6 +5,7 @@ localhost port with a scratch data directory. Skipped, with the reason, where no
 under CI that fails instead.
 """
 
+import json
 import os
 import shutil
 import socket
@@ -65,8 +66,11 @@ def test_pipeline_records_its_lineage_in_mysql(mysql_server, tmp_path, shakespea
     (corpus / "part.txt").write_bytes(shakespeare.read_bytes()[:60_000])
     assert cli.main(["run", "--corpus", str(corpus), "--output", str(output), "--preset", "tiny",
                      "--train-steps", "20", "--vocab-size", "400", "--max-bits-per-byte", "8",
-                     "--metadata", "mysql"]) == 0
-    assert "ML Metadata:   mysql://127.0.0.1:" in capsys.readouterr().out
+                     "--set", "train.learning_rate=2e-3", "--metadata", "mysql"]) == 0
+    printed = capsys.readouterr().out
+    assert "ML Metadata:   mysql://127.0.0.1:" in printed
+    # The changed field in the summary and in ML Metadata (the Trainer execution's custom_config).
+    assert "train.learning_rate=0.002" in printed.split("config:", 1)[1].splitlines()[0]
     assert not (output / "metadata.sqlite").exists()
 
     store = mlmd.open_store(mysql_connection(dict(os.environ)))
@@ -74,7 +78,8 @@ def test_pipeline_records_its_lineage_in_mysql(mysql_server, tmp_path, shakespea
     assert pushed is not None
     versions = mlmd.pushed_versions(store)
     assert [v["spans"] for v in versions] == [[0]]
-    assert len(mlmd.node_executions(store, "deepseek-tfx", "Trainer")) == 1
+    [trainer] = mlmd.node_executions(store, "deepseek-tfx", "Trainer")
+    assert json.loads(trainer.custom_properties["custom_config"].string_value)["train"]["learning_rate"] == 0.002
 
     assert cli.main(["lineage", "--output", str(output), "--metadata", "mysql"]) == 0
     printed = capsys.readouterr().out

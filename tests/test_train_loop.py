@@ -121,8 +121,12 @@ def test_divergence_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     ckpt = Checkpointer(loop.model, loop.optimizer, str(tmp_path), keep=3)
     loop.train(_data(), 10, checkpointer=ckpt)
     loop.model.embed.embeddings.assign(tf.fill(tf.shape(loop.model.embed.embeddings), np.nan))
-    with pytest.raises(FloatingPointError, match=r"diverged at step 11: .*last good checkpoint, step 10"):
+    with pytest.raises(FloatingPointError, match=r"diverged at step 11: .*last good checkpoint, step 10") as error:
         loop.train(_data().skip(10), 20, start_step=10, checkpointer=ckpt)
+    lr = STEP.learning_rate  # the message says which field to change, and how
+    assert f"Lower TrainConfig.learning_rate (now {lr:g}; e.g. --set train.learning_rate={lr / 3:.2g})" in \
+        str(error.value)
+    assert "--set train.warmup_steps=" in str(error.value)
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-10")
     reader = tf.train.load_checkpoint(str(tmp_path))
     assert all(np.isfinite(reader.get_tensor(name)).all()

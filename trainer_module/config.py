@@ -258,7 +258,7 @@ class ServingConfig:
     """
 
     max_batch_size: int = 8
-    """Most rows in one call of any signature; also TF Serving's ``max_batch_size`` in batching.config."""
+    """Most rows in one ``generate`` or ``score`` call; also TF Serving's ``max_batch_size`` in batching.config."""
     max_new_tokens: int = 512
     """Most new tokens one ``generate`` row may ask for."""
     max_text_bytes: int = 1 << 20

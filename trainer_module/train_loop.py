@@ -235,9 +235,13 @@ class TrainLoop:
             loss, norm = float(loss_t), float(norm_t)
             if not (math.isfinite(loss) and (self._scaled or math.isfinite(norm))):
                 where = checkpointer.describe() if checkpointer else "checkpointing is off"
+                cfg = self.cfg
                 raise FloatingPointError(
                     f"training diverged at step {step}: loss {loss}, gradient norm {norm}; training "
-                    f"stopped and {where}. Lower learning_rate or raise warmup_steps, then run again")
+                    f"stopped and {where}. Lower TrainConfig.learning_rate (now {cfg.learning_rate:g}; e.g. "
+                    f"--set train.learning_rate={cfg.learning_rate / 3:.2g}) or raise TrainConfig.warmup_steps "
+                    f"(now {cfg.warmup_steps}; e.g. --set train.warmup_steps={max(10, 2 * cfg.warmup_steps)}), "
+                    "then run again")
         return loss, norm
 
     def train(self, dataset: tf.data.Dataset, steps: int, writer=None, start_step: int = 0,
