@@ -102,12 +102,21 @@ def execution_type_name(store, execution) -> str:
     return store.get_execution_types_by_id([execution.type_id])[0].name
 
 
-def node_executions(store, pipeline_name: str, node_id: str) -> list:
-    """Finished executions (complete or cached) of one pipeline node, oldest first."""
+PIPELINE_RUN_CONTEXT = "pipeline_run"
+"""The context type TFX gives each run of a pipeline; its name is the run id."""
+
+
+def node_executions(store, pipeline_name: str, node_id: str, run_id: str | None = None) -> list:
+    """Finished executions (complete or cached) of one pipeline node, oldest first; only run ``run_id``'s
+    when given."""
     context = store.get_context_by_type_and_name("node", f"{pipeline_name}.{node_id}")
     if context is None:
         return []
     executions = store.get_executions_by_context(context.id)
+    if run_id is not None:
+        run = store.get_context_by_type_and_name(PIPELINE_RUN_CONTEXT, run_id)
+        in_run = {e.id for e in store.get_executions_by_context(run.id)} if run is not None else set()
+        executions = [e for e in executions if e.id in in_run]
     return sorted((e for e in executions if e.last_known_state in _DONE), key=lambda e: e.id)
 
 
@@ -147,9 +156,10 @@ def producer(store, artifact_id: int):
     return None if execution_id is None else store.get_executions_by_id([execution_id])[0]
 
 
-def latest_outputs(store, pipeline_name: str, node_id: str) -> dict[str, list]:
-    """Output artifacts by key of a node's latest finished execution ({} before it ran)."""
-    executions = node_executions(store, pipeline_name, node_id)
+def latest_outputs(store, pipeline_name: str, node_id: str, run_id: str | None = None) -> dict[str, list]:
+    """Output artifacts by key of a node's latest finished execution ({} before it ran); in run ``run_id``
+    when given."""
+    executions = node_executions(store, pipeline_name, node_id, run_id)
     return execution_artifacts(store, executions[-1].id) if executions else {}
 
 

@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import logging
 import os
+import socket
 from collections.abc import Sequence
 
 import tensorflow as tf
 from ml_metadata.proto import metadata_store_pb2
 from tfx import v1 as tfx
+from tfx.dsl.compiler import compiler
+from tfx.dsl.compiler.constants import PIPELINE_RUN_ID_PARAMETER_NAME
+from tfx.orchestration.portable import runtime_parameter_utils
 
 from deepseek_tfx.components import mlmd
 from deepseek_tfx.components.text_corpus import CorpusError
@@ -296,13 +301,27 @@ def run(*, wait: bool = False, **options) -> dict:
         return _run(prepare(**options))
 
 
+def run_pipeline(pipeline: tfx.dsl.Pipeline) -> str:
+    """Runs ``pipeline`` with LocalDagRunner under a run id chosen here, and returns that id.
+
+    TFX names each run's ``pipeline_run`` context in ML Metadata after its run id; knowing it, the summary
+    reads this run's executions, not the latest ones of whichever run (several runs can share a MySQL store).
+    The id is TFX's own format (the start time) with the host and process, so it is unique across machines.
+    """
+    run_id = f"{datetime.datetime.now().isoformat()}@{socket.gethostname()}:{os.getpid()}"
+    ir = compiler.Compiler().compile(pipeline)
+    runtime_parameter_utils.substitute_runtime_parameter(ir, {PIPELINE_RUN_ID_PARAMETER_NAME: run_id})
+    tfx.orchestration.LocalDagRunner().run_with_ir(ir)
+    return run_id
+
+
 def _run(local: LocalRun) -> dict:
     pipeline_name, config = local.pipeline.pipeline_info.pipeline_name, local.config
     backfill_spans(pipeline_name=pipeline_name, pipeline_root=local.layout.pipeline_root, base=local.corpus_base,
                    pattern=local.corpus_pattern, config=config, metadata=local.metadata, beam_args=local.beam_args)
-    tfx.orchestration.LocalDagRunner().run(local.pipeline)
+    run_id = run_pipeline(local.pipeline)
     store = mlmd.open_store(local.metadata)
-    summary = report.run_summary(store, pipeline_name)
+    summary = report.run_summary(store, pipeline_name, run_id)
     summary["corpus"] = local.corpus
     summary["config"] = {"preset": config.preset, "changed": settings.changes(config)}
     if summary.get("pushed_model_path"):

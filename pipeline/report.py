@@ -69,17 +69,20 @@ def transformed_token_count(post_transform_stats_uri: str) -> int | None:
     return None
 
 
-def run_summary(store, pipeline_name: str) -> dict[str, Any]:
-    """What the latest execution of each stage produced, as one flat dict."""
-    summary: dict[str, Any] = {}
-    examples = single(mlmd.latest_outputs(store, pipeline_name, EXAMPLE_GEN), EXAMPLES_KEY)
+def run_summary(store, pipeline_name: str, run_id: str | None = None) -> dict[str, Any]:
+    """What each stage of run ``run_id`` produced (ran or served from the cache), as one flat dict.
+
+    Without ``run_id``: the latest execution of each stage, whichever run it belonged to.
+    """
+    summary: dict[str, Any] = {"run_id": run_id} if run_id else {}
+    examples = single(mlmd.latest_outputs(store, pipeline_name, EXAMPLE_GEN, run_id), EXAMPLES_KEY)
     if examples is not None:
         summary.update(examples_uri=examples.uri, span=prop(examples, SPAN_PROPERTY),
                        files=prop(examples, "corpus_files"), documents=prop(examples, "corpus_documents"),
                        bytes=prop(examples, "corpus_bytes"),
                        replaced_invalid_utf8=prop(examples, "corpus_replaced_invalid_utf8"),
                        chunked_documents=prop(examples, "corpus_chunked_documents"))
-    transforms = mlmd.node_executions(store, pipeline_name, TRANSFORM)
+    transforms = mlmd.node_executions(store, pipeline_name, TRANSFORM, run_id)
     transform_inputs = mlmd.execution_artifacts(store, transforms[-1].id, outputs=False) if transforms else {}
     # the spans tokenized and trained on: the newest, or the window of --last-spans
     summary["spans"] = sorted(mlmd.span(a) for a in transform_inputs.get(EXAMPLES_KEY, [])) or (
@@ -88,7 +91,7 @@ def run_summary(store, pipeline_name: str) -> dict[str, Any]:
                         POST_TRANSFORM_STATS_KEY)
     if post_stats is not None:
         summary["corpus_tokens"] = transformed_token_count(post_stats.uri)
-    model_run = single(mlmd.latest_outputs(store, pipeline_name, TRAINER), MODEL_RUN_KEY)
+    model_run = single(mlmd.latest_outputs(store, pipeline_name, TRAINER, run_id), MODEL_RUN_KEY)
     training = _read_json(os.path.join(model_run.uri, SUMMARY_FILE)) if model_run else None
     if training:
         summary.update(train_steps=training["train_steps"], train_tokens=training["train_tokens"],
@@ -96,7 +99,7 @@ def run_summary(store, pipeline_name: str) -> dict[str, Any]:
                        parameters=training["parameters"], final_train_loss=training["final_train_loss"],
                        warm_start=training.get("base_model"), resumed_from_step=training.get("resumed_from_step"),
                        train_mfu=training.get("mfu"))
-    evaluator = mlmd.latest_outputs(store, pipeline_name, EVALUATOR)
+    evaluator = mlmd.latest_outputs(store, pipeline_name, EVALUATOR, run_id)
     evaluation, blessing = single(evaluator, EVALUATION_KEY), single(evaluator, BLESSING_KEY)
     if evaluation is not None:
         metrics = evaluation_metrics(evaluation.uri)
@@ -105,7 +108,7 @@ def run_summary(store, pipeline_name: str) -> dict[str, Any]:
                        eval_examples=metrics.get("example_count"))
     if blessing is not None:
         summary["blessed"] = bool(prop(blessing, BLESSED_PROPERTY, 0))
-    pushed = single(mlmd.latest_outputs(store, pipeline_name, PUSHER), PUSHED_MODEL_KEY)
+    pushed = single(mlmd.latest_outputs(store, pipeline_name, PUSHER, run_id), PUSHED_MODEL_KEY)
     if pushed is not None and prop(pushed, PUSHED_PROPERTY, 0):
         summary.update(pushed_model_path=prop(pushed, PUSHED_DESTINATION_PROPERTY),
                        pushed_version=prop(pushed, PUSHED_VERSION_PROPERTY))

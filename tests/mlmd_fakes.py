@@ -16,7 +16,9 @@ class Lineage:
         self.store = metadata_store.MetadataStore(config)
         self.execution_type = self.store.put_execution_type(metadata_store_pb2.ExecutionType(name="step"))
         self.node_type = self.store.put_context_type(metadata_store_pb2.ContextType(name="node"))
+        self.run_type = self.store.put_context_type(metadata_store_pb2.ContextType(name="pipeline_run"))
         self.nodes = {}
+        self.runs = {}
         self.uris = []
 
     def artifact(self, cls, uri: str | None = None, **custom_properties):
@@ -36,8 +38,9 @@ class Lineage:
 
     def execution(self, inputs: dict, outputs: dict, node: str | None = None,
                   state=metadata_store_pb2.Execution.COMPLETE, output_event=metadata_store_pb2.Event.OUTPUT,
-                  input_event=metadata_store_pb2.Event.INPUT) -> int:
-        """An execution of ``node`` (a node context of pipeline PIPELINE) with these inputs and outputs."""
+                  input_event=metadata_store_pb2.Event.INPUT, run: str | None = None) -> int:
+        """An execution of ``node`` (a node context of pipeline PIPELINE) with these inputs and outputs, in the
+        pipeline run named ``run`` (a ``pipeline_run`` context, as TFX records it) when given."""
         [execution_id] = self.store.put_executions(
             [metadata_store_pb2.Execution(type_id=self.execution_type, last_known_state=state)])
         events = []
@@ -53,6 +56,12 @@ class Lineage:
                 [self.nodes[node]] = self.store.put_contexts(
                     [metadata_store_pb2.Context(type_id=self.node_type, name=f"{PIPELINE}.{node}")])
             association = metadata_store_pb2.Association(execution_id=execution_id, context_id=self.nodes[node])
+            self.store.put_attributions_and_associations([], [association])
+        if run is not None:
+            if run not in self.runs:
+                [self.runs[run]] = self.store.put_contexts(
+                    [metadata_store_pb2.Context(type_id=self.run_type, name=run)])
+            association = metadata_store_pb2.Association(execution_id=execution_id, context_id=self.runs[run])
             self.store.put_attributions_and_associations([], [association])
         return execution_id
 

@@ -78,6 +78,19 @@ def test_latest_outputs_are_those_of_the_latest_finished_execution():
     assert mlmd.latest_outputs(w.store, PIPELINE, "Pusher") == {}
 
 
+def test_a_runs_outputs_are_its_own_even_when_another_run_finished_later():
+    """Two runs sharing a store: the summary of run A reads A's Trainer, not B's later one."""
+    w = Lineage()
+    mine, theirs = w.artifact(standard_artifacts.Model), w.artifact(standard_artifacts.Model)
+    w.execution({}, {"model": [mine]}, node="Trainer", run="run-a", state=Execution.CACHED)
+    w.execution({}, {"model": [theirs]}, node="Trainer", run="run-b")
+    w.execution({}, {}, node="Pusher", run="run-b")
+    assert mlmd.single(mlmd.latest_outputs(w.store, PIPELINE, "Trainer"), "model").id == theirs.id
+    assert mlmd.single(mlmd.latest_outputs(w.store, PIPELINE, "Trainer", run_id="run-a"), "model").id == mine.id
+    assert mlmd.latest_outputs(w.store, PIPELINE, "Pusher", run_id="run-a") == {}  # run A pushed nothing
+    assert mlmd.node_executions(w.store, PIPELINE, "Trainer", run_id="no-such-run") == []
+
+
 def _pipeline_runs():
     """Two runs of ExampleGen -> Transform -> Trainer -> Pusher; the second trains on the window {1, 2} and
     is pushed; a third model is judged but not pushed."""
