@@ -285,8 +285,9 @@ def run(*, wait: bool = False, **options) -> dict:
     """Checks the corpus, runs the whole pipeline, and returns the MLMD run summary.
 
     ``options`` are prepare()'s keyword arguments (output, config, corpus, beam_args, metadata, pipeline_name).
-    The run holds the output directory's lock throughout (pipeline.run_lock): another run on the same output
-    raises RunLockedError at once, or is waited for with ``wait``.
+    The run holds the output directory's lock throughout (pipeline.run_lock), and on a MySQL store also the
+    store's lock for the pipeline name: another run on the same output or pipeline raises RunLockedError at
+    once, or is waited for with ``wait``.
 
     Spans of the ``last_spans`` window that no run has read are read first (backfill_spans).
     After a push, versions beyond ``keep_versions`` that this pipeline pushed are deleted
@@ -297,7 +298,13 @@ def run(*, wait: bool = False, **options) -> dict:
             (raised before any component runs).
     """
     output = absolute(options["output"])
-    with contextlib.nullcontext() if is_remote(output) else run_lock.output_lock(output, wait=wait):
+    metadata = options.get("metadata")
+    with contextlib.ExitStack() as locks:
+        if not is_remote(output):
+            locks.enter_context(run_lock.output_lock(output, wait=wait))
+        if metadata is not None and metadata.HasField("mysql"):  # a store other outputs may share
+            locks.enter_context(run_lock.store_lock(metadata.mysql, options.get("pipeline_name", PIPELINE_NAME),
+                                                    wait=wait))
         return _run(prepare(**options))
 
 

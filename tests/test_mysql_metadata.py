@@ -6,17 +6,20 @@ under CI that fails instead.
 """
 
 import json
+import logging
 import os
 import shutil
 import socket
 import subprocess
+import sys
+import threading
 import time
 
 import portpicker
 import pytest
 
 from deepseek_tfx.components import mlmd
-from deepseek_tfx.pipeline import cli
+from deepseek_tfx.pipeline import cli, run_lock
 from deepseek_tfx.pipeline.local_runner import mysql_connection
 from tests.conftest import skip_outside_ci
 
@@ -85,3 +88,55 @@ def test_pipeline_records_its_lineage_in_mysql(mysql_server, tmp_path, shakespea
     printed = capsys.readouterr().out
     assert f"version {versions[0]['version']}: trained on span 0" in printed
     assert "<- model_blessing: ModelBlessing" in printed and f"<- corpus: {corpus}/*" in printed
+
+
+HOLD_THE_STORE_LOCK = r"""
+import json, sys
+from deepseek_tfx.pipeline import run_lock
+from deepseek_tfx.pipeline.local_runner import mysql_connection
+with run_lock.store_lock(mysql_connection(json.loads(sys.argv[1])).mysql, "deepseek-tfx"):
+    print("held", flush=True)
+    sys.stdin.read()  # until the test closes stdin (or kills this process)
+"""
+
+
+def _holder(mysql_server):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_STORE_LOCK, json.dumps(mysql_server)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_shared_store_runs_one_run_of_a_pipeline_at_a_time(mysql_server, caplog):
+    store = mysql_connection(mysql_server).mysql
+    where, host = f"mysql://127.0.0.1:{store.port}/{store.database}", socket.gethostname()
+    processes = [_holder(mysql_server)]
+    try:
+        holder = processes[0]
+        with pytest.raises(run_lock.RunLockedError) as refused:
+            with run_lock.store_lock(store, "deepseek-tfx"):
+                pass
+        assert str(refused.value).startswith(f"pipeline deepseek-tfx in the ML Metadata store {where} is in use by "
+                                             f"a run (pid {holder.pid} on {host}, started 20")
+        with run_lock.store_lock(store, "another-pipeline"):  # other pipelines on the store are not held up
+            pass
+        threading.Timer(1.0, holder.stdin.close).start()  # the holder ends cleanly after a second
+        started = time.time()
+        with run_lock.store_lock(store, "deepseek-tfx", wait=True, poll_seconds=0.2) as me:
+            assert me["pid"] == os.getpid() and time.time() - started >= 0.9
+        holder.wait(timeout=30)
+
+        processes.append(_holder(mysql_server))
+        killed = processes[-1]
+        killed.kill()  # dies holding the lock: the server drops the lock with the connection
+        killed.wait(timeout=30)
+        with caplog.at_level(logging.WARNING, logger=run_lock.log.name):
+            with run_lock.store_lock(store, "deepseek-tfx", wait=True, poll_seconds=0.2):
+                pass
+        [took_over] = [r.getMessage() for r in caplog.records if "Took over" in r.getMessage()]
+        assert took_over.startswith(f"Took over the lock deepseek-tfx:deepseek-tfx on {where} of a run that is no "
+                                    f"longer running (pid {killed.pid} on {host}, started 20")
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
