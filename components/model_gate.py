@@ -33,11 +33,13 @@ from absl import logging
 from tfx import v1 as tfx
 from tfx.components.evaluator import executor as evaluator_executor
 from tfx.components.pusher import executor as pusher_executor
-from tfx.dsl.components.base import executor_spec
+from tfx import types
+from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.dsl.io import fileio
 from tfx.proto import pusher_pb2
-from tfx.types import artifact_utils, standard_component_specs
-from tfx.utils import io_utils, path_utils, proto_utils
+from tfx.types import artifact_utils, standard_artifacts, standard_component_specs
+from tfx.types.component_spec import ExecutionParameter
+from tfx.utils import io_utils, json_utils, path_utils, proto_utils
 
 from deepseek_tfx.trainer_module.export import read_export_config
 
@@ -88,6 +90,32 @@ def keep_change_threshold_on(eval_config, metric: str):
     return config
 
 
+BOUND_KEYS = {"max_perplexity": PERPLEXITY, "max_bits_per_byte": BITS_PER_BYTE}
+"""The Evaluator's optional float parameters (runtime parameters in compiled pipelines: TFX 1.16 cannot put one
+inside eval_config) and the metric whose absolute upper bound each replaces."""
+
+
+def runtime_bounds(exec_properties) -> dict[str, float]:
+    """The absolute bounds the run's parameters set, by metric (a parameter that is unset or 0 sets none)."""
+    return {BOUND_KEYS[k]: float(exec_properties[k]) for k in BOUND_KEYS if exec_properties.get(k)}
+
+
+def with_upper_bounds(eval_config, bounds: dict[str, float]):
+    """A copy of ``eval_config`` whose value-threshold upper bound on each metric in ``bounds`` is the given one
+    (added when the metric has none)."""
+    import tensorflow_model_analysis as tfma  # noqa: PLC0415  (heavy)
+
+    config = tfma.EvalConfig()
+    config.CopyFrom(eval_config)
+    for metric, bound in bounds.items():
+        matching = [m for spec in config.metrics_specs for m in spec.metrics if m.class_name == metric]
+        if not matching:
+            raise GateError(f"the EvalConfig computes no {metric}, so no bound can be set on it")
+        for metric_config in matching:
+            metric_config.threshold.value_threshold.upper_bound.value = bound
+    return config
+
+
 class _TokenizerAwareEvaluatorExecutor(evaluator_executor.Executor):
     def Do(self, input_dict, output_dict, exec_properties) -> None:  # noqa: N802
         import tensorflow_model_analysis as tfma  # noqa: PLC0415
@@ -96,6 +124,13 @@ class _TokenizerAwareEvaluatorExecutor(evaluator_executor.Executor):
         baselines = input_dict.get(standard_component_specs.BASELINE_MODEL_KEY) or []
         metric = comparison_metric(candidate, baselines[0] if baselines else None)
         key = standard_component_specs.EVAL_CONFIG_KEY
+        bounds = runtime_bounds(exec_properties)
+        if bounds:
+            eval_config = tfma.EvalConfig()
+            proto_utils.json_to_proto(exec_properties[key], eval_config)
+            exec_properties = {**exec_properties, key: proto_utils.proto_to_json(with_upper_bounds(eval_config,
+                                                                                                  bounds))}
+            logging.info("Gate: absolute bounds from the run's parameters: %s", bounds)
         if metric is not None:
             eval_config = tfma.EvalConfig()
             proto_utils.json_to_proto(exec_properties[key], eval_config)
@@ -108,10 +143,31 @@ class _TokenizerAwareEvaluatorExecutor(evaluator_executor.Executor):
         super().Do(input_dict, output_dict, exec_properties)
 
 
-class TokenizerAwareEvaluator(tfx.components.Evaluator):
-    """The standard Evaluator; the change threshold follows the tokenizers (module docstring)."""
+class TokenizerAwareEvaluatorSpec(standard_component_specs.EvaluatorSpec):
+    PARAMETERS = {**standard_component_specs.EvaluatorSpec.PARAMETERS,
+                  **{k: ExecutionParameter(type=float, optional=True) for k in BOUND_KEYS}}
 
+
+class TokenizerAwareEvaluator(base_beam_component.BaseBeamComponent):
+    """The standard Evaluator; the change threshold follows the tokenizers (module docstring).
+
+    Args:
+        examples, model, baseline_model, eval_config, example_splits: as for Evaluator.
+        max_perplexity, max_bits_per_byte: when set (a float or a RuntimeParameter), the absolute upper bound on
+            that metric, replacing the one in ``eval_config`` (see BOUND_KEYS).
+    """
+
+    SPEC_CLASS = TokenizerAwareEvaluatorSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(_TokenizerAwareEvaluatorExecutor)
+
+    def __init__(self, examples, model, eval_config, baseline_model=None, example_splits=None,
+                 max_perplexity=None, max_bits_per_byte=None):
+        super().__init__(spec=TokenizerAwareEvaluatorSpec(
+            examples=examples, model=model, baseline_model=baseline_model, eval_config=eval_config,
+            example_splits=json_utils.dumps(example_splits), fairness_indicator_thresholds=json_utils.dumps(None),
+            max_perplexity=max_perplexity, max_bits_per_byte=max_bits_per_byte,
+            evaluation=types.Channel(type=standard_artifacts.ModelEvaluation),
+            blessing=types.Channel(type=standard_artifacts.ModelBlessing)))
 
 
 def numeric_versions(base: str) -> list[int]:

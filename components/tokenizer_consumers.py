@@ -4,6 +4,11 @@ Each extends the standard component's spec with a ``tokenizer`` channel and
 delegates to the standard executor, after putting the tokenizer's directory
 into ``custom_config['tokenizer_dir']``. So the tokenizer is an MLMD input of
 both (lineage and caching see it), and no stage guesses another's paths.
+
+The Trainer also takes an optional ``train_steps`` integer: TFX 1.16 cannot put a
+RuntimeParameter inside ``train_args`` (a proto), but a plain integer parameter can
+be one, so compiled pipelines expose the step count as a runtime parameter; when
+set it replaces ``train_args.num_steps``.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ from tfx.extensions.google_cloud_ai_platform import constants
 from tfx.extensions.google_cloud_ai_platform.trainer import executor as vertex_executor
 from tfx.proto import trainer_pb2
 from tfx.types import artifact_utils, standard_artifacts, standard_component_specs
-from tfx.types.component_spec import ChannelParameter
-from tfx.utils import json_utils
+from tfx.types.component_spec import ChannelParameter, ExecutionParameter
+from tfx.utils import json_utils, proto_utils
 
 from deepseek_tfx.components.mlmd import TOKENIZER_KEY
 from deepseek_tfx.components.tokenizer_gen import Tokenizer
@@ -28,11 +33,17 @@ from deepseek_tfx.trainer_module.tokenizer import TOKENIZER_DIR_KEY
 
 
 
+TRAIN_STEPS_KEY = "train_steps"
+
+
 def _with_tokenizer_dir(input_dict, exec_properties) -> tuple[dict, dict]:
     tokenizer = artifact_utils.get_single_instance(input_dict[TOKENIZER_KEY])
     custom = json.loads(exec_properties.get(standard_component_specs.CUSTOM_CONFIG_KEY) or "null") or {}
     custom[TOKENIZER_DIR_KEY] = tokenizer.uri
     exec_properties = {**exec_properties, standard_component_specs.CUSTOM_CONFIG_KEY: json.dumps(custom)}
+    if exec_properties.get(TRAIN_STEPS_KEY):  # the runtime parameter wins over train_args
+        exec_properties[standard_component_specs.TRAIN_ARGS_KEY] = proto_utils.proto_to_json(
+            trainer_pb2.TrainArgs(num_steps=int(exec_properties[TRAIN_STEPS_KEY])))
     return {k: v for k, v in input_dict.items() if k != TOKENIZER_KEY}, exec_properties
 
 
@@ -86,6 +97,8 @@ class TokenizingTransformSpec(standard_component_specs.TransformSpec):
 class TokenizingTrainerSpec(standard_component_specs.TrainerSpec):
     INPUTS = {**standard_component_specs.TrainerSpec.INPUTS,
               TOKENIZER_KEY: ChannelParameter(type=Tokenizer)}
+    PARAMETERS = {**standard_component_specs.TrainerSpec.PARAMETERS,
+                  TRAIN_STEPS_KEY: ExecutionParameter(type=int, optional=True)}
 
 
 class TokenizingTransform(base_beam_component.BaseBeamComponent):
@@ -124,6 +137,7 @@ class TokenizingTrainer(base_component.BaseComponent):
     Args:
         examples, transform_graph, schema, base_model, train_args, eval_args: as for Trainer.
         tokenizer: channel of the Tokenizer the examples were made with.
+        train_steps: replaces ``train_args.num_steps`` when set (an int or a RuntimeParameter).
         run_fn: module path of the run function.
         custom_config: extra configuration for ``run_fn``.
     """
@@ -133,10 +147,10 @@ class TokenizingTrainer(base_component.BaseComponent):
 
     def __init__(self, examples, transform_graph, schema, tokenizer, run_fn: str,
                  train_args: trainer_pb2.TrainArgs, eval_args: trainer_pb2.EvalArgs | None = None,
-                 base_model=None, custom_config: dict[str, Any] | None = None):
+                 base_model=None, custom_config: dict[str, Any] | None = None, train_steps=None):
         super().__init__(spec=TokenizingTrainerSpec(
             examples=examples, transform_graph=transform_graph, schema=schema, tokenizer=tokenizer,
-            base_model=base_model, run_fn=run_fn, train_args=train_args,
+            base_model=base_model, run_fn=run_fn, train_args=train_args, train_steps=train_steps,
             eval_args=eval_args or trainer_pb2.EvalArgs(),
             custom_config=json_utils.dumps(custom_config or {}),
             model=types.Channel(type=standard_artifacts.Model),

@@ -95,9 +95,32 @@ def build_pipeline(*, image: str, pipeline_root: str, corpus: str, corpus_patter
               if vertex_training_replicas is not None else None)
     beam = [*(dataflow_beam_args(project, region, layout.temp_location, image) if dataflow else []), *beam_args]
     return create_pipeline(
-        pipeline_name=pipeline_name, pipeline_root=pipeline_root, corpus_base=corpus, corpus_pattern=corpus_pattern,
-        serving_model_dir=layout.serving_model_dir, config=config, beam_pipeline_args=beam,
-        portable_resolvers=True, vertex_training=vertex)
+        pipeline_name=pipeline_name, pipeline_root=pipeline_root, corpus_base=runtime_parameter("corpus", corpus),
+        corpus_pattern=corpus_pattern, serving_model_dir=layout.serving_model_dir, config=config,
+        beam_pipeline_args=beam, portable_resolvers=True, vertex_training=vertex,
+        runtime={"train_steps": runtime_parameter("train_steps", config.resolved_train_steps),
+                 "max_bits_per_byte": runtime_parameter("max_bits_per_byte", 0.0),
+                 "max_perplexity": runtime_parameter("max_perplexity", 0.0)})
+
+
+RUNTIME_PARAMETERS = ("corpus", "train_steps", "max_bits_per_byte", "max_perplexity")
+"""The compiled pipeline's runtime parameters (Vertex ``parameter_values``, Kubeflow run parameters): the
+corpus directory, the Trainer's steps and the gate's absolute bounds (0: the compiled config's bound). TFX 1.16
+takes a RuntimeParameter only as a plain parameter of a component, not inside a proto, so the corpus pattern
+(inside ExampleGen's input_config) is fixed at compile time and the bounds and steps are parameters of their
+own that replace the compiled eval_config's and train_args' values."""
+
+
+def runtime_defaults(pipeline) -> dict:
+    """Each RuntimeParameter of ``pipeline``'s components by name, with its default."""
+    return {value.name: value.default for component in pipeline.components
+            for value in component.exec_properties.values()
+            if isinstance(value, tfx.dsl.experimental.RuntimeParameter)}
+
+
+def runtime_parameter(name: str, default):
+    """A TFX RuntimeParameter named ``name`` with the type and default of ``default``."""
+    return tfx.dsl.experimental.RuntimeParameter(name=name, ptype=type(default), default=default)
 
 
 def dag_runner(image: str, output_filename: str | None = None):
@@ -124,7 +147,11 @@ def compile_pipeline(*, engine: str, image: str, output: str | None = None,
         raise ConfigError(f"--engine must be one of {ENGINES}, got {engine!r}")
     pipeline = build_pipeline(image=image, pipeline_name=pipeline_name, **options)
     output = output or f"{pipeline_name}.{'json' if engine == 'vertex' else 'yaml'}"
-    job = dag_runner(image).run(pipeline, write_out=False)
+    defaults = runtime_defaults(pipeline)
+    job = dag_runner(image).run(pipeline, parameter_values=defaults, write_out=False)
+    # The defaults also go into the spec itself, so the Kubeflow YAML (the spec alone) carries them too.
+    for name, spec in job["pipelineSpec"]["root"].get("inputDefinitions", {}).get("parameters", {}).items():
+        spec["defaultValue"] = defaults[name]
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(output, "w", encoding="utf-8") as f:
         if engine == "vertex":

@@ -245,6 +245,7 @@ def create_pipeline(
     portable_resolvers: bool = False,
     vertex_training: dict | None = None,
     infra_validation: bool = False,
+    runtime: dict | None = None,
 ) -> tfx.dsl.Pipeline:
     """Wires the components of the text-to-served-model pipeline.
 
@@ -268,11 +269,15 @@ def create_pipeline(
         vertex_training: run the Trainer as a Vertex AI custom job
             (components.tokenizer_consumers.vertex_training_config) instead of in
             the pipeline step; None trains in the step.
+        runtime: values (or TFX RuntimeParameters) that replace the config's at run time: ``train_steps``
+            (the Trainer's), ``max_bits_per_byte`` and ``max_perplexity`` (the gate's absolute bounds; 0 keeps
+            the config's). ``corpus_base`` may be a RuntimeParameter too.
         infra_validation: add TFX's InfraValidator (see infra_validator) before the Pusher, which then
             pushes only a model that loaded and answered in TF Serving. Needs a Docker engine where the
             component runs (local runs decide with local_runner.docker_reachable).
     """
     resolvers = _Resolvers(portable_resolvers)
+    runtime = runtime or {}
     example_gen = _example_gen(corpus_base, corpus_pattern, config)
     statistics_gen, schema_gen, example_validator = _data_checks(example_gen)
     # The newest span is validated above; the tokenizer, training and evaluation see the window.
@@ -301,6 +306,7 @@ def create_pipeline(
         train_args=tfx.proto.TrainArgs(num_steps=config.resolved_train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=config.resolved_eval_batches),
         custom_config={**config.trainer_custom_config(), **(vertex_training or {})},
+        train_steps=runtime.get("train_steps"),
     ).with_id(TRAINER)
     model_resolver = resolvers.baseline_model(trainer.outputs[MODEL_KEY])
     evaluator = TokenizerAwareEvaluator(
@@ -309,6 +315,8 @@ def create_pipeline(
         baseline_model=model_resolver.outputs[MODEL_KEY],
         eval_config=eval_config(config),
         example_splits=["eval"],
+        max_bits_per_byte=runtime.get("max_bits_per_byte"),
+        max_perplexity=runtime.get("max_perplexity"),
     ).with_id(EVALUATOR)
     infra = (infra_validator(trainer.outputs[MODEL_KEY], example_gen.outputs[EXAMPLES_KEY], config.model_name)
              if infra_validation else None)

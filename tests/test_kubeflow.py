@@ -57,7 +57,14 @@ def _check_spec(spec):
     assert bounds["BitsPerByte"] == {"upper_bound": 3.5}
     assert "gs://bucket/serving/deepseek" in _parameter(spec, "Pusher", "push_destination")
     assert "span-{SPAN}/*" in _parameter(spec, "TextExampleGen", "input_config")
-    assert _parameter(spec, "TextExampleGen", "input_base") == "gs://bucket/corpus"
+    # Runtime parameters, with the compiled values as defaults; each step reads its own.
+    defaults = {name: getattr(p.default_value, p.default_value.WhichOneof("kind"))
+                for name, p in spec.root.input_definitions.parameters.items()}
+    assert defaults == {"corpus": "gs://bucket/corpus", "train_steps": 7, "max_bits_per_byte": 0.0,
+                        "max_perplexity": 0.0}
+    for task, name, parameter in (("TextExampleGen", "input_base", "corpus"), ("Trainer", "train_steps", None),
+                                  ("Evaluator", "max_bits_per_byte", None), ("Evaluator", "max_perplexity", None)):
+        assert spec.root.dag.tasks[task].inputs.parameters[name].component_input_parameter == (parameter or name)
 
 
 def test_vertex_compile_is_a_pipeline_job_with_every_component(tmp_path):
@@ -236,3 +243,19 @@ def test_cli_submit_to_kubeflow_without_kfp_client_fails_with_the_message(tmp_pa
     err = capsys.readouterr().err
     assert err.startswith("deepseek-tfx: error: ")
     assert "needs kfp>=2" in err and str(package) in err
+
+
+def test_the_train_steps_parameter_replaces_train_args_in_the_trainer_executor():
+    from tfx.types import standard_artifacts
+
+    from deepseek_tfx.components import tokenizer_consumers
+
+    tokenizer = standard_artifacts.Examples()  # any artifact: only its uri is read
+    tokenizer.uri = "/tokenizer"
+    properties = {"train_args": '{"num_steps": 7}', "custom_config": "{}", "train_steps": 42}
+    _, changed = tokenizer_consumers._with_tokenizer_dir({"tokenizer": [tokenizer]}, properties)
+    assert json.loads(changed["train_args"]) == {"num_steps": 42}
+    assert json.loads(changed["custom_config"]) == {"tokenizer_dir": "/tokenizer"}
+    _, unchanged = tokenizer_consumers._with_tokenizer_dir({"tokenizer": [tokenizer]},
+                                                           {**properties, "train_steps": None})
+    assert json.loads(unchanged["train_args"]) == {"num_steps": 7}

@@ -197,3 +197,16 @@ def test_retention_after_pushes_deletes_only_versions_this_pipeline_pushed_never
     assert retain_pushed_versions(lineage.store, base, keep=0) == []  # 0 keeps all
     assert retain_pushed_versions(lineage.store, base, keep=1) == [ours[1], ours[3]]  # the pin lifted
     assert sorted(os.listdir(base)) == sorted([foreign, str(ours[4])])
+
+
+def test_runtime_bounds_replace_the_compiled_ones_and_zero_keeps_them():
+    config = eval_config(PipelineConfig(preset="tiny", max_bits_per_byte=4.0))  # no perplexity bound
+    changed = model_gate.with_upper_bounds(config, {"BitsPerByte": 2.5, "Perplexity": 80.0})
+    bounds = {m.class_name: m.threshold.value_threshold.upper_bound.value
+              for spec in changed.metrics_specs for m in spec.metrics if m.threshold.HasField("value_threshold")}
+    assert bounds == {"BitsPerByte": 2.5, "Perplexity": 80.0}
+    assert _change_thresholds(changed) == {"Perplexity", "BitsPerByte"}  # the gate against the baseline stays
+    assert model_gate.runtime_bounds({"max_bits_per_byte": 0.0, "max_perplexity": 80.0}) == {"Perplexity": 80.0}
+    assert model_gate.runtime_bounds({"max_bits_per_byte": None, "eval_config": "{}"}) == {}
+    with pytest.raises(model_gate.GateError, match="computes no Accuracy"):
+        model_gate.with_upper_bounds(config, {"Accuracy": 0.5})
