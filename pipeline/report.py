@@ -53,6 +53,24 @@ def evaluation_metrics(evaluation_uri: str) -> dict[str, float]:
     return metrics
 
 
+def failed_bounds(evaluation_uri: str) -> list[str]:
+    """Why the gate did not bless: each failed threshold with the candidate's value and the bound it broke."""
+    import tensorflow_model_analysis as tfma  # noqa: PLC0415  (heavy; only when reporting)
+
+    reasons = []
+    for per_slice in tfma.load_validation_result(evaluation_uri).metric_validations_per_slice:
+        for failure in per_slice.failures:
+            name, value = failure.metric_key.name, failure.metric_value.double_value.value
+            threshold = failure.metric_threshold
+            if threshold.HasField("change_threshold"):
+                tolerance = threshold.change_threshold.absolute.value
+                reasons.append(f"{name} {value:+.4f} against the last blessed model (tolerance {tolerance:g})")
+            else:
+                bound = threshold.value_threshold.upper_bound.value
+                reasons.append(f"{name} {value:.4f} above the bound {bound:g}")
+    return reasons
+
+
 def transformed_token_count(post_transform_stats_uri: str) -> int | None:
     """Total ``token_ids`` values over all transformed splits, from Transform's post-transform stats."""
     from tensorflow_metadata.proto.v0 import statistics_pb2  # noqa: PLC0415
@@ -108,6 +126,8 @@ def run_summary(store, pipeline_name: str, run_id: str | None = None) -> dict[st
                        eval_examples=metrics.get("example_count"))
     if blessing is not None:
         summary["blessed"] = bool(prop(blessing, BLESSED_PROPERTY, 0))
+        if not summary["blessed"] and evaluation is not None:
+            summary["not_blessed_because"] = failed_bounds(evaluation.uri)
     pushed = single(mlmd.latest_outputs(store, pipeline_name, PUSHER, run_id), PUSHED_MODEL_KEY)
     if pushed is not None and prop(pushed, PUSHED_PROPERTY, 0):
         summary.update(pushed_model_path=prop(pushed, PUSHED_DESTINATION_PROPERTY),
@@ -142,7 +162,8 @@ def format_summary(summary: dict) -> str:
         f"last loss {num('final_train_loss', '{:.4f}')}; {summary.get('warm_start') or 'n/a'}",
         f"  evaluation:    perplexity {num('eval_perplexity', '{:.3f}')}, bits per byte "
         f"{num('eval_bits_per_byte', '{:.4f}')} on {num('eval_examples', '{:,.0f}')} eval examples",
-        f"  blessed:       {'yes' if summary.get('blessed') else 'no'}",
+        f"  blessed:       {'yes' if summary.get('blessed') else 'no'}"
+        + (f" ({'; '.join(summary['not_blessed_because'])})" if summary.get("not_blessed_because") else ""),
     ]
     if summary.get("config"):
         changed = ", ".join(summary["config"]["changed"]) or "none"

@@ -30,7 +30,7 @@ import tensorflow_model_analysis as tfma
 from ml_metadata.proto import metadata_store_pb2
 
 from deepseek_tfx.components import mlmd
-from deepseek_tfx.pipeline import cli, local_runner
+from deepseek_tfx.pipeline import cli, local_runner, report
 from deepseek_tfx.pipeline.config import PIPELINE_NAME, PipelineConfig
 from deepseek_tfx.serving import client
 from deepseek_tfx.trainer_module.config import ModelConfig, TokenizerConfig
@@ -114,6 +114,11 @@ def test_first_run_is_gated_by_the_absolute_bound_alone(first_run):
     assert run0["serving"] == []
     assert mlmd.prop(run0["evaluation"], "compared_by") == "none (no baseline)"
     assert _failed_thresholds(run0["evaluation"].uri) == {("bits_per_byte", "value")}
+    # The summary says why: the failed bound, with the candidate's value.
+    assert run0["summary"]["not_blessed_because"] == [
+        f"bits_per_byte {run0['summary']['eval_bits_per_byte']:.4f} above the bound 1"]
+    assert f"blessed:       no (bits_per_byte {run0['summary']['eval_bits_per_byte']:.4f} above the bound 1)" in \
+        report.format_summary(run0["summary"])
 
     # Run 1 judged the same (cached) model against a reachable bound: blessed, with no baseline.
     new = first_run["run1"]["executions"] - run0["executions"]
@@ -313,4 +318,9 @@ def test_worse_candidate_is_not_blessed_and_not_pushed(first_run):
     assert worse["eval_bits_per_byte"] < CONFIG.max_bits_per_byte  # so only the comparison failed
     assert mlmd.prop(evaluation, "compared_by") == "Perplexity"  # the tokenizer was reused
     assert _failed_thresholds(evaluation.uri) == {("perplexity", "change")}
+    [reason] = worse["not_blessed_because"]
+    increase = float(reason.split()[1])
+    assert reason == f"perplexity {increase:+.4f} against the last blessed model (tolerance 0)"
+    # the increase over the blessed model, both scored on the same eval split
+    assert math.isclose(increase, worse["eval_perplexity"] - blessed["eval_perplexity"], rel_tol=1e-3, abs_tol=1e-3)
     assert first_run["run3"]["serving"] == first_run["run1"]["serving"]
