@@ -7,8 +7,9 @@
 The tfx CLI runs this file with no arguments, so its settings come from the environment:
 DEEPSEEK_TFX_IMAGE (the pipeline image, built from the Dockerfile), DEEPSEEK_TFX_PIPELINE_ROOT (e.g.
 gs://bucket/root) and DEEPSEEK_TFX_CORPUS (e.g. gs://bucket/corpus) are required; DEEPSEEK_TFX_CORPUS_PATTERN
-(default span-{SPAN}/*), DEEPSEEK_TFX_PRESET, DEEPSEEK_TFX_TRAIN_STEPS and DEEPSEEK_TFX_OUTPUT_FILE (default
-deepseek-tfx.json) are optional. It compiles the same pipeline as ``deepseek-tfx compile --engine vertex``
+(default span-{SPAN}/*), DEEPSEEK_TFX_CONFIG (a config file, as --config takes), DEEPSEEK_TFX_PRESET,
+DEEPSEEK_TFX_TRAIN_STEPS and DEEPSEEK_TFX_OUTPUT_FILE (default deepseek-tfx.json) are optional. It compiles the
+same pipeline as ``deepseek-tfx compile --engine vertex``
 (deepseek_tfx.pipeline.kubeflow_runner.build_pipeline).
 """
 
@@ -30,7 +31,8 @@ def run() -> None:
         image=image, pipeline_root=os.environ["DEEPSEEK_TFX_PIPELINE_ROOT"], corpus=os.environ["DEEPSEEK_TFX_CORPUS"],
         corpus_pattern=os.environ.get("DEEPSEEK_TFX_CORPUS_PATTERN", "span-{SPAN}/*"),
         config=config_from_env(os.environ))
-    kubeflow_runner.dag_runner(image, os.environ.get("DEEPSEEK_TFX_OUTPUT_FILE", "deepseek-tfx.json")).run(pipeline)
+    kubeflow_runner.dag_runner(image, os.environ.get("DEEPSEEK_TFX_OUTPUT_FILE", "deepseek-tfx.json")).run(
+        pipeline, parameter_values=kubeflow_runner.runtime_defaults(pipeline))  # the runtime parameters' defaults
 
 
 if __name__ == "__main__":

@@ -5,11 +5,12 @@
 
 The tfx CLI runs this file with no arguments, so its settings come from the environment:
 DEEPSEEK_TFX_OUTPUT (default ./deepseek_tfx_output), DEEPSEEK_TFX_CORPUS (default: the built-in corpus),
-DEEPSEEK_TFX_PRESET (default: PipelineConfig's) and DEEPSEEK_TFX_TRAIN_STEPS (default: the preset's).
+DEEPSEEK_TFX_CONFIG (a config file, as --config takes), DEEPSEEK_TFX_PRESET (default: PipelineConfig's) and
+DEEPSEEK_TFX_TRAIN_STEPS (default: the preset's).
 It builds the same pipeline as ``deepseek-tfx run`` (deepseek_tfx.pipeline.local_runner.prepare: the corpus
 pre-flight, the layout under the output directory, the Beam mode) and runs it with LocalDagRunner.
 ``deepseek-tfx run`` does more around the same run: it reads spans a ``--last-spans`` window needs first, then
-prints the run summary and writes TF Serving's configs after a push.
+prints the run summary and, after a push, applies retention (--keep-versions) and writes TF Serving's configs.
 """
 
 import os

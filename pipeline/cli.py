@@ -132,6 +132,9 @@ def _build_parser() -> argparse.ArgumentParser:
                     "until --unpin. With neither, print the versions and the pin.")
     serve_config.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
                               help=f"output directory of the runs (default: {DEFAULT_OUTPUT})")
+    serve_config.add_argument("--model-name", metavar="NAME",
+                              help="the model directory under OUTPUT/serving_model (default: PipelineConfig's "
+                                   "model_name)")
     pin = serve_config.add_mutually_exclusive_group()
     pin.add_argument("--pin", type=int, metavar="VERSION", help="serve this pushed version")
     pin.add_argument("--unpin", action="store_true", help="serve the latest version again")
@@ -161,7 +164,7 @@ def _config_flag(parser, flag: str, section: str, name: str, **options) -> None:
 
     doc = settings.field_docs(settings.SECTIONS[section]).get(name, "")
     value = settings.default(section, name)
-    shown = "the preset's" if value is None and name == "train_steps" else value
+    shown = ("the preset's" if name == "train_steps" else "none") if value is None else value
     parser.add_argument(flag, dest=f"{section}.{name}", default=argparse.SUPPRESS,
                         help=f"{doc} (default: {shown}; = --set {section}.{name}=...)".replace("%", "%%"), **options)
 
@@ -244,13 +247,15 @@ def _cmd_serve_config(args) -> int:
     from deepseek_tfx.pipeline import local_runner
     from deepseek_tfx.serving import tf_serving
 
-    layout = local_runner.Layout(local_runner.absolute(args.output))
+    output = local_runner.absolute(args.output)
+    layout = local_runner.Layout(output, args.model_name) if args.model_name else local_runner.Layout(output)
     base, name = os.path.dirname(layout.serving_model_dir), layout.model_name
     try:
         if args.pin is not None:
             tf_serving.pin_version(base, name, args.pin)
         elif args.unpin and not tf_serving.unpin_version(base, name):
             print("no version was pinned", file=sys.stderr)
+        pinned = tf_serving.pinned_version(base, name)
     except tf_serving.PinError as e:
         print(f"deepseek-tfx: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -259,8 +264,7 @@ def _cmd_serve_config(args) -> int:
     if not versions:
         print(f"deepseek-tfx: error: no pushed version under {model_dir}", file=sys.stderr)
         return EXIT_USAGE
-    paths = tf_serving.write_configs(base, name)
-    pinned = tf_serving.pinned_version(base, name)
+    paths = tf_serving.write_configs(base, name, pinned)
     print(f"versions: {' '.join(map(str, versions))}")
     print(f"served:   {pinned} (pinned)" if pinned is not None else f"served:   {versions[-1]} (latest)")
     print(f"config:   {paths['models.config']}")

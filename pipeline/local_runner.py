@@ -333,13 +333,17 @@ def _run(local: LocalRun) -> dict:
     summary["config"] = {"preset": config.preset, "changed": settings.changes(config)}
     if summary.get("pushed_model_path"):
         serving_base = os.path.dirname(local.layout.serving_model_dir)
-        summary["keep_versions"] = config.keep_versions
-        summary["removed_versions"] = retain_pushed_versions(
-            store, local.layout.serving_model_dir, config.keep_versions,
-            tf_serving.pinned_version(serving_base, config.model_name))
-        configs = tf_serving.write_configs(serving_base, config.model_name)
-        summary["serve_command"] = configs.pop("docker")
-        summary["serving_configs"] = configs
+        try:
+            pinned = tf_serving.pinned_version(serving_base, config.model_name)
+        except tf_serving.PinError as e:  # the push happened; keep every version and the old configs
+            log.error("Retention and TF Serving configs skipped: %s", e)
+        else:
+            summary["keep_versions"] = config.keep_versions
+            summary["removed_versions"] = retain_pushed_versions(
+                store, local.layout.serving_model_dir, config.keep_versions, pinned)
+            configs = tf_serving.write_configs(serving_base, config.model_name, pinned)
+            summary["serve_command"] = configs.pop("docker")
+            summary["serving_configs"] = configs
         if config.remove_checkpoints_after_push:
             summary["removed_checkpoints"] = remove_finished_checkpoints(store, pipeline_name)
     metadata = local.metadata

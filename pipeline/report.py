@@ -29,7 +29,7 @@ from deepseek_tfx.components.mlmd import (
     prop,
     single,
 )
-from deepseek_tfx.pipeline.config import EVALUATOR, EXAMPLE_GEN, PUSHER, TRAINER, TRANSFORM
+from deepseek_tfx.pipeline.config import EVALUATOR, EXAMPLE_GEN, INFRA_VALIDATOR, PUSHER, TRAINER, TRANSFORM
 from deepseek_tfx.trainer_module.config import SUMMARY_FILE
 
 def _read_json(path: str) -> dict | None:
@@ -128,6 +128,9 @@ def run_summary(store, pipeline_name: str, run_id: str | None = None) -> dict[st
         summary["blessed"] = bool(prop(blessing, BLESSED_PROPERTY, 0))
         if not summary["blessed"] and evaluation is not None:
             summary["not_blessed_because"] = failed_bounds(evaluation.uri)
+    infra = single(mlmd.latest_outputs(store, pipeline_name, INFRA_VALIDATOR, run_id), BLESSING_KEY)
+    if infra is not None:  # only runs with a Docker engine have an InfraValidator
+        summary["infra_validated"] = bool(prop(infra, BLESSED_PROPERTY, 0))
     pushed = single(mlmd.latest_outputs(store, pipeline_name, PUSHER, run_id), PUSHED_MODEL_KEY)
     if pushed is not None and prop(pushed, PUSHED_PROPERTY, 0):
         summary.update(pushed_model_path=prop(pushed, PUSHED_DESTINATION_PROPERTY),
@@ -177,6 +180,9 @@ def format_summary(summary: dict) -> str:
             removed = ", ".join(map(str, summary["removed_versions"])) or "none"
             keep = summary["keep_versions"] or "all"
             lines.append(f"  retention:     keep {keep} pushed versions; removed {removed}")
+    elif summary.get("blessed") and summary.get("infra_validated") is False:
+        lines.append("  pushed model:  none (InfraValidator: TF Serving did not load the model or answer its "
+                     "requests; its log is in the InfraValidator's execution)")
     else:
         lines.append("  pushed model:  none (not blessed)")
     lines.append(f"  ML Metadata:   {summary.get('metadata')}")

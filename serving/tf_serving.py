@@ -31,12 +31,20 @@ def pin_file(serving_base: str, model_name: str) -> str:
 
 
 def pinned_version(serving_base: str, model_name: str) -> int | None:
-    """The version pinned for ``model_name`` under ``serving_base``, or None."""
+    """The version pinned for ``model_name`` under ``serving_base``, or None.
+
+    Raises:
+        PinError: the pin file is not one ``pin_version`` wrote.
+    """
     path = pin_file(serving_base, model_name)
     if not os.path.exists(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        return int(json.load(f)["version"])
+    try:
+        with open(path, encoding="utf-8") as f:
+            return int(json.load(f)["version"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise PinError(f"{path} is not a pin file written by serve-config ({type(e).__name__}: {e}); run "
+                       "`deepseek-tfx serve-config --unpin` or `--pin VERSION` to replace it") from None
 
 
 def pin_version(serving_base: str, model_name: str, version: int) -> None:
@@ -90,12 +98,20 @@ def batching_config(max_batch_size: int = ServingConfig().max_batch_size, batch_
     )
 
 
-def docker_command(serving_dir: str, model_name: str) -> str:
-    """The ``tensorflow/serving`` container command for the pushed directory (REST 8501, gRPC 8500)."""
+CONTAINER_BASE = "/models"
+"""Where the deployments mount the serving base (models.config, batching.config and <model_name>/)."""
+
+SERVER_ARGS = [f"--model_config_file={CONTAINER_BASE}/models.config", "--model_config_file_poll_wait_seconds=60",
+               "--enable_batching=true", f"--batching_parameters_file={CONTAINER_BASE}/batching.config"]
+"""TF Serving's flags in both deployments: the models.config beside the models (re-read every minute, so a pin
+takes effect without a restart; it overrides MODEL_NAME) and the batching.config that matches the model."""
+
+
+def docker_command(serving_base: str, model_name: str) -> str:
+    """The ``tensorflow/serving`` container command for the serving base directory (REST 8501, gRPC 8500)."""
     return (
-        f"docker run --rm -p 8500:8500 -p 8501:8501 "
-        f"-v {os.path.abspath(serving_dir)}:/models/{model_name} -e MODEL_NAME={model_name} "
-        f"{SERVING_IMAGE}"
+        f"docker run --rm -p 8500:8500 -p 8501:8501 -v {os.path.abspath(serving_base)}:{CONTAINER_BASE} "
+        f"-e MODEL_NAME={model_name} {SERVING_IMAGE} {' '.join(SERVER_ARGS)}"
     )
 
 
@@ -106,21 +122,17 @@ def readiness_path(model_name: str) -> str:
     return f"/v1/models/{model_name}/metadata"
 
 
-def kubernetes_manifest(model_name: str, claim_name: str, replicas: int = 1,
-                        image: str = SERVING_IMAGE, max_batch_size: int = ServingConfig().max_batch_size) -> str:
-    """A Deployment, Service and ConfigMap serving ``<claim>/<model_name>/<version>/`` with TF Serving.
+def kubernetes_manifest(model_name: str, claim_name: str, replicas: int = 1, image: str = SERVING_IMAGE) -> str:
+    """A Deployment and a Service serving ``<claim>/<model_name>/<version>/`` with TF Serving.
 
-    The pushed directory must be on a PersistentVolumeClaim named ``claim_name``
-    (mounted read-only at /models; the Pusher writes ``<base>/<model_name>``, so
-    copy or sync the serving base there). TF Serving polls it and loads new
-    versions as the Pusher renames them into place. Readiness waits until a
-    version is loaded (``readiness_path``).
+    The serving base (models.config, batching.config, ``<model_name>/<version>/``)
+    must be on a PersistentVolumeClaim named ``claim_name``, mounted read-only at
+    /models (copy or sync the serving base there). TF Serving reads models.config
+    from it (a pin included) and loads new versions as the Pusher renames them
+    into place. Readiness waits until a version is loaded (``readiness_path``).
     """
     labels = {"app": f"{model_name}-serving"}
-    config_map = f"{model_name}-serving-config"
     documents = [
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": config_map},
-         "data": {"batching.config": batching_config(max_batch_size)}},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"{model_name}-serving"},
          "spec": {
              "replicas": replicas, "selector": {"matchLabels": labels},
@@ -128,17 +140,14 @@ def kubernetes_manifest(model_name: str, claim_name: str, replicas: int = 1,
                  "containers": [{
                      "name": "tensorflow-serving", "image": image,
                      "env": [{"name": "MODEL_NAME", "value": model_name}],
-                     "args": ["--enable_batching=true", "--batching_parameters_file=/config/batching.config",
-                              "--file_system_poll_wait_seconds=30"],
+                     "args": [*SERVER_ARGS, "--file_system_poll_wait_seconds=30"],
                      "ports": [{"name": "grpc", "containerPort": 8500}, {"name": "http", "containerPort": 8501}],
                      "readinessProbe": {"httpGet": {"path": readiness_path(model_name), "port": 8501},
                                         "initialDelaySeconds": 10, "periodSeconds": 10},
                      "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
-                     "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
-                                      {"name": "config", "mountPath": "/config", "readOnly": True}],
+                     "volumeMounts": [{"name": "models", "mountPath": CONTAINER_BASE, "readOnly": True}],
                  }],
-                 "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": claim_name}},
-                             {"name": "config", "configMap": {"name": config_map}}],
+                 "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": claim_name}}],
              }},
          }},
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"{model_name}-serving"},
@@ -148,29 +157,29 @@ def kubernetes_manifest(model_name: str, claim_name: str, replicas: int = 1,
     return yaml.safe_dump_all(documents, sort_keys=False)
 
 
-def write_configs(serving_base: str, model_name: str, claim_name: str = "deepseek-models") -> dict[str, str]:
+def write_configs(serving_base: str, model_name: str, pinned: int | None = None,
+                  claim_name: str = "deepseek-models") -> dict[str, str]:
     """Writes models.config, batching.config and kubernetes.yaml beside the model directory.
 
-    ``models.config`` keeps a pinned version (``pin_version``); the batch size follows the newest pushed
-    version's export config. Returns the files' paths and, under ``docker``, the container command.
+    ``models.config`` serves ``pinned`` (see ``pinned_version``) or the latest version, from the path the
+    deployments mount (CONTAINER_BASE); ``batching.config``'s batch size is the served version's own limit.
+    Returns the files' paths and, under ``docker``, the container command.
     """
     os.makedirs(serving_base, exist_ok=True)
     model_dir = os.path.join(serving_base, model_name)
-    limits = ServingConfig()
     versions = sorted(int(n) for n in os.listdir(model_dir) if n.isdigit()) if os.path.isdir(model_dir) else []
-    exported = read_export_config(os.path.join(model_dir, str(versions[-1]))) if versions else None
-    if exported and "serving" in exported:
-        limits = ServingConfig.from_dict(exported["serving"])
+    served = pinned if pinned is not None else (versions[-1] if versions else None)
+    exported = read_export_config(os.path.join(model_dir, str(served))) if served is not None else None
+    limits = ServingConfig.from_dict(exported["serving"]) if exported and "serving" in exported else ServingConfig()
     contents = {
-        "models.config": models_config(model_name, os.path.abspath(model_dir),
-                                       pinned_version(serving_base, model_name)),
+        "models.config": models_config(model_name, f"{CONTAINER_BASE}/{model_name}", pinned),
         "batching.config": batching_config(limits.max_batch_size),
-        "kubernetes.yaml": kubernetes_manifest(model_name, claim_name, max_batch_size=limits.max_batch_size),
+        "kubernetes.yaml": kubernetes_manifest(model_name, claim_name),
     }
     paths = {}
     for name, text in contents.items():
         paths[name] = os.path.join(serving_base, name)
         with open(paths[name], "w", encoding="utf-8") as f:
             f.write(text)
-    paths["docker"] = docker_command(model_dir, model_name)
+    paths["docker"] = docker_command(serving_base, model_name)
     return paths

@@ -150,6 +150,12 @@ def test_summary_names_the_spans_trained_on():
     assert "/c/a.txt (span 0)" in single and "newest span" not in single
 
 
+def test_summary_says_when_the_infra_validator_stopped_a_blessed_model():
+    text = report.format_summary({"blessed": True, "infra_validated": False})
+    assert "blessed:       yes" in text and "pushed model:  none (InfraValidator: TF Serving did not load" in text
+    assert "pushed model:  none (not blessed)" in report.format_summary({"blessed": False})
+
+
 def test_summary_says_what_retention_removed():
     pushed = {"pushed_model_path": "/s/deepseek/9", "pushed_version": "9", "serve_command": "docker run ..."}
     lines = report.format_summary({**pushed, "keep_versions": 2, "removed_versions": [5, 7]}).splitlines()

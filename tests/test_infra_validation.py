@@ -127,3 +127,17 @@ def test_the_export_writes_warmup_requests_that_the_model_answers(export_dir):
         assert all(v.shape == (len(export.EXAMPLE_PROMPTS),) for v in outputs.values())
     prompts = tf.make_ndarray(requests[0].inputs["prompt"]).tolist()
     assert [p.decode() for p in prompts] == list(export.EXAMPLE_PROMPTS)
+
+
+def test_warmup_requests_stay_within_the_smallest_limits(export_dir):
+    from deepseek_tfx.trainer_module.config import ServingConfig
+
+    loaded = tf.saved_model.load(export_dir)  # its own limits are the defaults; the requests shrink to any limits
+    tight = ServingConfig(max_batch_size=1, max_new_tokens=1, max_text_bytes=1)
+    for request in export.warmup_requests(loaded.signatures, tight):
+        for tensor in request.inputs.values():
+            assert tensor.tensor_shape.dim[0].size == 1
+        if request.model_spec.signature_name == "generate":
+            assert tf.make_ndarray(request.inputs["max_new_tokens"]).tolist() == [1]
+        texts = tf.make_ndarray(request.inputs.get("prompt") or request.inputs["text"]).tolist()
+        assert all(len(t) <= 1 for t in texts)

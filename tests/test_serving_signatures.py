@@ -195,7 +195,7 @@ def test_texts_over_the_byte_limit_are_invalid_argument(signatures):
 
 def test_a_long_prompt_keeps_its_last_bytes_cut_at_a_character_boundary(signatures):
     # 16 bytes are kept; "é" is 2 bytes, so a cut inside one drops its continuation byte.
-    tail = "xé" * 5 + "tail"  # 19 bytes: the cut falls after the first "x", inside no character
+    tail = "xé" * 5 + "tail"  # 19 bytes: the cut falls after the first "xé", inside no character
     kept = tail.encode()[-16:]
     assert kept.decode("utf-8", errors="strict")  # the expected kept part is whole characters
     odd = "é" * 20  # 40 bytes: the last 16 are 8 whole "é"

@@ -262,7 +262,7 @@ class ServingConfig:
     max_new_tokens: int = 512
     """Most new tokens one ``generate`` row may ask for."""
     max_text_bytes: int = 1 << 20
-    """Most bytes in one ``score`` text or one serialized ``serving_default`` example."""
+    """Most bytes in one ``score`` text or in the ``text`` of one ``serving_default`` example."""
     max_prompt_bytes: int = 1 << 16
     """A longer ``generate`` prompt keeps only its last this-many bytes (generation sees at most the last
     context_len - 1 tokens anyway)."""

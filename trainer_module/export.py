@@ -55,7 +55,7 @@ WARMUP_FILE = "tf_serving_warmup_requests"
 """TF Serving replays these requests (PredictionLog records in assets.extra/) when it loads a version, before
 marking it AVAILABLE: the first real request does not pay for the first run, and a version whose
 ``generate`` or ``score`` fails never becomes AVAILABLE (InfraValidator's load check sees that too)."""
-EXAMPLE_PROMPTS = ("First Citizen:\n", "")
+EXAMPLE_PROMPTS = ("", "First Citizen:\n")
 """The export's own example prompts (an empty prompt included): its warmup requests."""
 
 
@@ -305,14 +305,17 @@ class LanguageModelModule(tf.Module):
         return logits[:, -1, :], caches, valid
 
 
-def warmup_requests(signatures) -> list:
-    """PredictRequests of the example prompts for ``generate`` (4 greedy tokens) and ``score``."""
+def warmup_requests(signatures, limits: ServingConfig | None = None) -> list:
+    """PredictRequests of the example prompts for ``generate`` (up to 4 greedy tokens) and ``score``, kept within
+    ``limits`` (so warmup, which must succeed for the version to load, never asks for more than they allow)."""
     from tensorflow_serving.apis import predict_pb2  # noqa: PLC0415  (a tfx dependency; only the export needs it)
 
-    n = len(EXAMPLE_PROMPTS)
-    inputs = {"generate": {"prompt": list(EXAMPLE_PROMPTS), "max_new_tokens": [4] * n, "temperature": [0.0] * n,
-                           "top_k": [0] * n, "seed": [0] * n},
-              "score": {"text": list(EXAMPLE_PROMPTS)}}
+    limits = limits or ServingConfig()
+    prompts = [p for p in EXAMPLE_PROMPTS if len(p.encode()) <= limits.max_text_bytes][:limits.max_batch_size]
+    n = len(prompts)
+    inputs = {"generate": {"prompt": prompts, "max_new_tokens": [min(4, limits.max_new_tokens)] * n,
+                           "temperature": [0.0] * n, "top_k": [0] * n, "seed": [0] * n},
+              "score": {"text": prompts}}
     requests = []
     for name, values in inputs.items():
         dtypes = {spec.name: spec.dtype for spec in tf.nest.flatten(signatures[name].structured_input_signature)}
@@ -324,12 +327,12 @@ def warmup_requests(signatures) -> list:
     return requests
 
 
-def write_warmup_requests(path: str, signatures) -> None:
+def write_warmup_requests(path: str, signatures, limits: ServingConfig | None = None) -> None:
     """Writes ``warmup_requests`` as TF Serving's warmup file (TFRecord of PredictionLog)."""
     from tensorflow_serving.apis import prediction_log_pb2  # noqa: PLC0415
 
     with tf.io.TFRecordWriter(path) as writer:
-        for request in warmup_requests(signatures):
+        for request in warmup_requests(signatures, limits):
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
 
@@ -358,7 +361,7 @@ def export_serving_model(model: DeepSeekLM, tf_transform_output, tokenizer, expo
     tf.saved_model.save(module, export_dir, signatures=signatures)
     extra = os.path.join(export_dir, "assets.extra")
     tf.io.gfile.makedirs(extra)
-    write_warmup_requests(os.path.join(extra, WARMUP_FILE), signatures)
+    write_warmup_requests(os.path.join(extra, WARMUP_FILE), signatures, limits)
     with tf.io.gfile.GFile(os.path.join(extra, CONFIG_FILE), "w") as f:
         json.dump({"model": model.config.to_dict(), "tokenizer": tokenizer.kind,
                    "tokenizer_fingerprint": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
