@@ -67,21 +67,33 @@ class _VertexTrainerExecutor(vertex_executor.GenericExecutor):
         super().Do(inputs, output_dict, properties)
 
 
+DEFAULT_MACHINE_TYPE = "n1-standard-8"
+
+
 def vertex_training_config(project: str, region: str, image: str, replicas: int,
-                           machine_type: str = "n1-standard-8") -> dict[str, Any]:
+                           machine_type: str | None = None, accelerator_type: str | None = None,
+                           accelerator_count: int = 0) -> dict[str, Any]:
     """The Trainer's ``custom_config`` keys for TFX's Vertex AI training extension.
 
-    One chief plus ``replicas - 1`` workers of the pipeline image; Vertex sets
-    ``TF_CONFIG`` on each, so ``run_fn`` trains with MultiWorkerMirroredStrategy and
-    only the chief exports.
+    One chief plus ``replicas - 1`` workers of the pipeline image, each a ``machine_type``
+    (default n1-standard-8) with ``accelerator_count`` accelerators of ``accelerator_type``
+    (Vertex AI's names, e.g. NVIDIA_TESLA_T4, NVIDIA_L4, NVIDIA_H100_80GB, TPU_V3) when given.
+    Vertex sets ``TF_CONFIG`` on each replica; ``run_fn`` picks its strategy from what it finds
+    (trainer_module.trainer.get_strategy: TPUStrategy on a TPU, MultiWorkerMirrored across
+    replicas, Mirrored over several local GPUs) and only the chief exports.
     """
     if replicas < 1:
         raise ValueError(f"--vertex-training-replicas must be >= 1, got {replicas}")
+    if accelerator_count < 0 or bool(accelerator_type) != (accelerator_count > 0):
+        raise ValueError("--vertex-accelerator-type and --vertex-accelerator-count (>= 1) go together, got "
+                         f"{accelerator_type!r} and {accelerator_count}")
+    machine = {"machine_type": machine_type or DEFAULT_MACHINE_TYPE}
+    if accelerator_type:
+        machine.update(accelerator_type=accelerator_type, accelerator_count=accelerator_count)
     container = {"image_uri": image}
-    pools = [{"machine_spec": {"machine_type": machine_type}, "replica_count": 1, "container_spec": container}]
+    pools = [{"machine_spec": machine, "replica_count": 1, "container_spec": container}]
     if replicas > 1:
-        pools.append({"machine_spec": {"machine_type": machine_type}, "replica_count": replicas - 1,
-                      "container_spec": container})
+        pools.append({"machine_spec": dict(machine), "replica_count": replicas - 1, "container_spec": container})
     return {
         constants.ENABLE_VERTEX_KEY: True,
         constants.VERTEX_REGION_KEY: region,

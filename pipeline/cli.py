@@ -68,6 +68,13 @@ def _build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("--vertex-training-replicas", type=int, metavar="N",
                           help="train as a Vertex AI custom job with N replicas (chief + N-1 workers, "
                                "MultiWorkerMirroredStrategy); needs --project and --region")
+    compile_.add_argument("--vertex-machine-type", metavar="TYPE",
+                          help="each training replica's machine, e.g. a2-highgpu-1g (default: n1-standard-8)")
+    compile_.add_argument("--vertex-accelerator-type", metavar="TYPE",
+                          help="each replica's accelerators, Vertex AI's names, e.g. NVIDIA_TESLA_T4, NVIDIA_L4, "
+                               "NVIDIA_H100_80GB, TPU_V3 (default: none)")
+    compile_.add_argument("--vertex-accelerator-count", type=int, default=0, metavar="N",
+                          help="accelerators per replica (with --vertex-accelerator-type)")
     compile_.add_argument("--dataflow", action="store_true",
                           help="run the data components on Dataflow; needs --project and --region")
     compile_.add_argument("--project", help="Google Cloud project (for --vertex-training-replicas, --dataflow)")
@@ -316,6 +323,8 @@ def _cmd_compile(args) -> int:
             engine=args.engine, image=args.image, pipeline_root=args.pipeline_root, corpus=args.corpus,
             corpus_pattern=args.corpus_pattern, serving_dir=args.serving_dir, config=_config_from_args(args),
             output=args.output, beam_args=args.beam_arg, vertex_training_replicas=args.vertex_training_replicas,
+            vertex_machine_type=args.vertex_machine_type, vertex_accelerator_type=args.vertex_accelerator_type,
+            vertex_accelerator_count=args.vertex_accelerator_count,
             dataflow=args.dataflow, project=args.project, region=args.region)
     except (ConfigError, ValueError) as e:
         print(f"deepseek-tfx: error: {e}", file=sys.stderr)

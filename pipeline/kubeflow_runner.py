@@ -67,7 +67,9 @@ def dataflow_beam_args(project: str, region: str, temp_location: str, image: str
 
 def build_pipeline(*, image: str, pipeline_root: str, corpus: str, corpus_pattern: str, config: PipelineConfig,
                    serving_dir: str | None = None, beam_args: Sequence[str] = (),
-                   vertex_training_replicas: int | None = None, dataflow: bool = False,
+                   vertex_training_replicas: int | None = None, vertex_machine_type: str | None = None,
+                   vertex_accelerator_type: str | None = None, vertex_accelerator_count: int = 0,
+                   dataflow: bool = False,
                    project: str | None = None, region: str | None = None,
                    pipeline_name: str = PIPELINE_NAME):
     """The pipeline as it compiles for Vertex AI / Kubeflow Pipelines (portable resolvers, remote paths).
@@ -82,6 +84,8 @@ def build_pipeline(*, image: str, pipeline_root: str, corpus: str, corpus_patter
         serving_dir: the Pusher's destination, ``<serving_dir>/<numeric version>/`` (default: RemoteLayout's).
         beam_args: extra Beam options (after the Dataflow ones, so they win).
         vertex_training_replicas: train as a Vertex AI custom job with this many replicas.
+        vertex_machine_type, vertex_accelerator_type, vertex_accelerator_count: each replica's machine and
+            accelerators (see vertex_training_config); only with ``vertex_training_replicas``.
         dataflow: run the Beam-based components on Dataflow.
         project, region: Google Cloud project and region (needed by the two options above).
 
@@ -90,8 +94,13 @@ def build_pipeline(*, image: str, pipeline_root: str, corpus: str, corpus_patter
     """
     if (vertex_training_replicas is not None or dataflow) and not (project and region):
         raise ConfigError("--vertex-training-replicas and --dataflow need --project and --region")
+    machine_options = (vertex_machine_type, vertex_accelerator_type, vertex_accelerator_count)
+    if vertex_training_replicas is None and any(machine_options):
+        raise ConfigError("--vertex-machine-type and --vertex-accelerator-* describe the Vertex AI training job: "
+                          "they need --vertex-training-replicas")
     layout = RemoteLayout(pipeline_root, config.model_name, serving_dir)
-    vertex = (vertex_training_config(project, region, image, vertex_training_replicas)
+    vertex = (vertex_training_config(project, region, image, vertex_training_replicas, vertex_machine_type,
+                                     vertex_accelerator_type, vertex_accelerator_count)
               if vertex_training_replicas is not None else None)
     beam = [*(dataflow_beam_args(project, region, layout.temp_location, image) if dataflow else []), *beam_args]
     return create_pipeline(

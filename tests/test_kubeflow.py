@@ -9,6 +9,7 @@ from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from deepseek_tfx.components.tokenizer_consumers import vertex_training_config
+from deepseek_tfx.trainer_module.config import ConfigError
 from deepseek_tfx.pipeline import cli, kubeflow_runner
 from deepseek_tfx.pipeline.config import PipelineConfig
 
@@ -91,6 +92,24 @@ def test_scale_out_switches_reach_the_compiled_steps(tmp_path):
     transform_args = json.dumps(executors["Transform_executor"])
     assert "--runner=DataflowRunner" in transform_args and f"--sdk_container_image={IMAGE}" in transform_args
     assert "--temp_location=gs://bucket/root/tmp" in transform_args
+
+
+def test_accelerators_reach_every_replica_of_the_vertex_training_job(tmp_path):
+    spec = _spec_of_vertex_job(_compile(tmp_path, "vertex", vertex_training_replicas=2, project="proj",
+                                        region="us-central1", vertex_machine_type="a2-highgpu-2g",
+                                        vertex_accelerator_type="NVIDIA_TESLA_A100", vertex_accelerator_count=2))
+    pools = json.loads(_parameter(spec, "Trainer", "custom_config"))["ai_platform_training_args"]["job_spec"][
+        "worker_pool_specs"]
+    assert [p["machine_spec"] for p in pools] == [
+        {"machine_type": "a2-highgpu-2g", "accelerator_type": "NVIDIA_TESLA_A100", "accelerator_count": 2}] * 2
+    cpu_only = vertex_training_config("p", "r", IMAGE, replicas=1)["ai_platform_training_args"]["job_spec"]
+    assert cpu_only["worker_pool_specs"][0]["machine_spec"] == {"machine_type": "n1-standard-8"}
+    with pytest.raises(ValueError, match="go together"):
+        vertex_training_config("p", "r", IMAGE, replicas=1, accelerator_type="NVIDIA_L4")
+    with pytest.raises(ValueError, match="go together"):
+        vertex_training_config("p", "r", IMAGE, replicas=1, accelerator_count=4)
+    with pytest.raises(ConfigError, match="need --vertex-training-replicas"):
+        _compile(tmp_path, "vertex", vertex_accelerator_type="NVIDIA_L4", vertex_accelerator_count=1)
 
 
 def test_vertex_training_needs_a_replica():

@@ -288,6 +288,23 @@ def test_strategy_follows_the_devices_and_the_cluster(monkeypatch):
     assert isinstance(trainer.get_strategy(), multi_worker)
     assert trainer.task_info() == (False, 1)
 
+    # An attached TPU wins: the TPU system is initialised and TPUStrategy built over its resolver.
+    calls = []
+    tpu = type("TPU", (_FakeStrategy,), {})
+    monkeypatch.setattr(tf.distribute, "TPUStrategy", tpu)
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: calls.append(("connect", r)))
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", lambda r: calls.append(("initialize", r)))
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", lambda tpu: f"resolver({tpu})")
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: devices.get(kind, []))
+    assert trainer.tpu_cluster_resolver() is None  # no TPU device, no TPU_NAME
+    devices["TPU"] = [SimpleNamespace(name="/physical_device:TPU:0")]  # a TPU VM
+    strategy = trainer.get_strategy()
+    assert isinstance(strategy, tpu) and strategy.args == ("resolver(local)",)
+    assert calls == [("connect", "resolver(local)"), ("initialize", "resolver(local)")]
+    devices["TPU"] = []
+    monkeypatch.setenv("TPU_NAME", "my-tpu-node")  # a TPU node, named the way tf.distribute reads it
+    assert trainer.tpu_cluster_resolver() == "resolver(my-tpu-node)"
+
 
 def test_checkpoint_directory_is_keyed_by_inputs_base_model_steps_and_config(tmp_path):
     """A rerun with any of these changed must not resume a stale checkpoint; the same inputs must resume."""

@@ -48,15 +48,33 @@ def is_multi_worker() -> bool:
     return sum(len(v) for v in _tf_config().get("cluster", {}).values()) > 1
 
 
+def tpu_cluster_resolver():
+    """The TPUClusterResolver of an attached TPU, or None.
+
+    A TPU VM (the machine has TPU devices) resolves as ``local``; a TPU node is named by TPU_NAME
+    (like TF_CONFIG, tf.distribute's own contract).
+    """
+    name = os.environ.get("TPU_NAME") or ("local" if tf.config.list_physical_devices("TPU") else None)
+    if name is None:
+        return None
+    return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=name)
+
+
 def get_strategy() -> tf.distribute.Strategy:
     """The distribution strategy for this process.
 
+    * TPUStrategy when a TPU is attached (tpu_cluster_resolver).
     * MultiWorkerMirroredStrategy when TF_CONFIG names a cluster of several tasks
       (TF_CONFIG is tf.distribute's own contract; Vertex AI and Kubeflow set it).
     * MirroredStrategy when there are several local GPUs.
     * Otherwise the default (single-device) strategy: MirroredStrategy over one
       CPU device is much slower (BENCHMARKS.md, "Training start-up").
     """
+    resolver = tpu_cluster_resolver()
+    if resolver is not None:
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
     if is_multi_worker():
         return tf.distribute.MultiWorkerMirroredStrategy()
     if len(tf.config.list_logical_devices("GPU")) > 1:
