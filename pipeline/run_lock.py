@@ -43,6 +43,17 @@ class RunLockedError(Exception):
                          "it to end, or pass --wait to wait for it")
 
 
+def _settled(read, seconds: float = 2.0) -> dict:
+    """The holder's record; a holder that has just taken the lock writes it a moment later, so an empty record
+    is read again for up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    record = read()
+    while not record and time.monotonic() < deadline:
+        time.sleep(0.05)
+        record = read()
+    return record
+
+
 def _me() -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid(),
             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -73,7 +84,7 @@ def output_lock(output: str, wait: bool = False, poll_seconds: float = 1.0) -> I
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                holder = _holder(f)
+                holder = _settled(lambda: _holder(f))
                 if not wait:
                     raise RunLockedError(path, holder) from None
                 if not waited:
@@ -135,7 +146,7 @@ def store_lock(mysql, pipeline_name: str, wait: bool = False, poll_seconds: floa
                     held = True
                     break
                 if not wait:
-                    raise RunLockedError(f"{name} on {where}", holder(),
+                    raise RunLockedError(f"{name} on {where}", _settled(holder),
                                          resource=f"pipeline {pipeline_name} in the ML Metadata store {where}")
                 if not waited:
                     log.info("Waiting for the run holding %s on %s (%s)", name, where, holder() or "holder unknown")

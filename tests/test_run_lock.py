@@ -27,6 +27,28 @@ def test_a_second_holder_is_refused_with_the_first_ones_name(tmp_path):
     assert (tmp_path / run_lock.LOCK_FILE).read_text() == ""  # a clean end leaves no holder behind
 
 
+def test_a_holder_that_has_not_written_its_record_yet_is_still_named(tmp_path):
+    """The holder writes its record just after taking the lock: a refusal in that moment waits for it."""
+    import fcntl
+
+    path = tmp_path / run_lock.LOCK_FILE
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the lock is taken, the record not written yet
+        record = {"host": "h", "pid": 4242, "started": "2026-12-01T00:00:00+00:00"}
+
+        def write_record():
+            f.write(json.dumps(record))
+            f.flush()
+
+        timer = threading.Timer(0.3, write_record)
+        timer.start()
+        with pytest.raises(run_lock.RunLockedError) as refused:
+            with run_lock.output_lock(str(tmp_path)):
+                pytest.fail("two holders at once")
+        timer.join()
+    assert refused.value.holder == record and "pid 4242 on h" in str(refused.value)
+
+
 def test_wait_takes_the_lock_when_the_holder_ends(tmp_path):
     released, order = threading.Event(), []
 
