@@ -157,7 +157,9 @@ def test_model_learned_was_blessed_and_pushed(first_run):
     serving_base = first_run["output"] / "serving_model"
     assert summary["serving_configs"] == {name: str(serving_base / name)
                                           for name in ("models.config", "batching.config", "kubernetes.yaml")}
-    assert f"-v {serving_base}/deepseek:/models/deepseek" in summary["serve_command"]
+    # the whole serving base is mounted: models.config and batching.config sit beside the model directory
+    assert f"-v {serving_base}:/models " in summary["serve_command"]
+    assert "--model_config_file=/models/models.config" in summary["serve_command"]
 
 
 def test_lineage_reaches_the_examples_and_the_corpus(first_run, capsys):
