@@ -59,7 +59,8 @@ class PipelineConfig:
     bpb_regression_tolerance: float = 0.0
     """The same, in bits per byte: used instead when the two models' tokenizers differ."""
     keep_versions: int = 5
-    """Pushed versions kept under the serving directory (older ones are deleted); 0 keeps all."""
+    """Versions this pipeline pushed that a local run keeps (it deletes its older pushes; foreign and pinned
+    versions always stay); 0 keeps all."""
     model_name: str = MODEL_NAME
     """Name of the model directory under the serving base directory."""
     tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
