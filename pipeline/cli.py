@@ -31,8 +31,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--corpus", metavar="PATH_OR_GLOB",
                      help="file, directory (span-N subdirectories: latest span), or glob, optionally "
                           "with {SPAN}; default: the built-in Python documentation corpus")
-    run.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
-                     help=f"output directory (default: {DEFAULT_OUTPUT})")
+    _add_output_arg(run, "output directory")
     _add_config_args(run)
     _add_local_args(run)
     run.set_defaults(func=_cmd_run)
@@ -44,8 +43,7 @@ def _build_parser() -> argparse.ArgumentParser:
                     "only a better model. With no new span, nothing re-executes. Schedule it with cron or a "
                     "systemd timer (see the README).")
     retrain.add_argument("--corpus", required=True, metavar="DIR", help="directory holding span-1/, span-2/, ...")
-    retrain.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
-                         help=f"output directory, the same for every retraining (default: {DEFAULT_OUTPUT})")
+    _add_output_arg(retrain, "output directory, the same for every retraining")
     _config_flag(retrain, "--last-spans", "pipeline", "last_spans", type=int, metavar="N")
     _add_config_args(retrain)
     _add_local_args(retrain)
@@ -98,8 +96,7 @@ def _build_parser() -> argparse.ArgumentParser:
     lineage = sub.add_parser(
         "lineage", help="show what the latest pushed model was made from",
         description="Print the provenance of the latest pushed model, from ML Metadata.")
-    lineage.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
-                         help=f"output directory of the runs (default: {DEFAULT_OUTPUT})")
+    _add_output_arg(lineage, "output directory of the runs")
     lineage.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
                          help="ML Metadata store (as for run)")
     lineage.set_defaults(func=_cmd_lineage)
@@ -137,8 +134,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Rewrite OUTPUT/serving_model/models.config (and batching.config, kubernetes.yaml). --pin makes "
                     "TF Serving serve that version, and every later run keeps the pin (and the version directory) "
                     "until --unpin. With neither, print the versions and the pin.")
-    serve_config.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR",
-                              help=f"output directory of the runs (default: {DEFAULT_OUTPUT})")
+    _add_output_arg(serve_config, "output directory of the runs")
     serve_config.add_argument("--model-name", metavar="NAME",
                               help="the model directory under OUTPUT/serving_model (default: PipelineConfig's "
                                    "model_name)")
@@ -147,6 +143,10 @@ def _build_parser() -> argparse.ArgumentParser:
     pin.add_argument("--unpin", action="store_true", help="serve the latest version again")
     serve_config.set_defaults(func=_cmd_serve_config)
     return parser
+
+
+def _add_output_arg(parser, what: str) -> None:
+    parser.add_argument("--output", default=DEFAULT_OUTPUT, metavar="DIR", help=f"{what} (default: {DEFAULT_OUTPUT})")
 
 
 _CONFIG_FLAGS = [  # (flag, section, field, argparse options): shortcuts for --set SECTION.FIELD=VALUE
@@ -266,10 +266,9 @@ def _cmd_serve_config(args) -> int:
     except tf_serving.PinError as e:
         print(f"deepseek-tfx: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    model_dir = layout.serving_model_dir
-    versions = sorted(int(n) for n in os.listdir(model_dir) if n.isdigit()) if os.path.isdir(model_dir) else []
+    versions = tf_serving.numeric_versions(layout.serving_model_dir)
     if not versions:
-        print(f"deepseek-tfx: error: no pushed version under {model_dir}", file=sys.stderr)
+        print(f"deepseek-tfx: error: no pushed version under {layout.serving_model_dir}", file=sys.stderr)
         return EXIT_USAGE
     paths = tf_serving.write_configs(base, name, pinned)
     print(f"versions: {' '.join(map(str, versions))}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import json
 import os
@@ -48,8 +49,13 @@ def fields(section: str) -> dict[str, dataclasses.Field]:
             if not (section == "pipeline" and f.name in _NESTED)}
 
 
+@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring (the string literal under it in the class body), by field name."""
+    """Each field's docstring (the string literal under it in the class body), by field name.
+
+    Cached: the command line asks for every flag of every command, and parsing a class's source each time
+    cost about 0.4 s of start-up (BENCHMARKS.md, "Command-line start-up").
+    """
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     docs = {}
     for node, following in zip(body, body[1:], strict=False):

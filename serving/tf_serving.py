@@ -15,6 +15,7 @@ import time
 
 import yaml
 
+from deepseek_tfx.components.model_gate import numeric_versions
 from deepseek_tfx.trainer_module.config import ServingConfig
 from deepseek_tfx.trainer_module.export import read_export_config
 
@@ -167,7 +168,7 @@ def write_configs(serving_base: str, model_name: str, pinned: int | None = None,
     """
     os.makedirs(serving_base, exist_ok=True)
     model_dir = os.path.join(serving_base, model_name)
-    versions = sorted(int(n) for n in os.listdir(model_dir) if n.isdigit()) if os.path.isdir(model_dir) else []
+    versions = numeric_versions(model_dir)
     served = pinned if pinned is not None else (versions[-1] if versions else None)
     exported = read_export_config(os.path.join(model_dir, str(served))) if served is not None else None
     limits = ServingConfig.from_dict(exported["serving"]) if exported and "serving" in exported else ServingConfig()
