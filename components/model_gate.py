@@ -46,7 +46,7 @@ from deepseek_tfx.trainer_module.export import read_export_config
 COMPARED_BY = "compared_by"
 PERPLEXITY, BITS_PER_BYTE = "Perplexity", "BitsPerByte"
 TMP_PREFIX = ".tmp-"
-_TMP_DIR = re.compile(r"\.tmp-(\d+)-\d+")
+_TMP_DIR = re.compile(re.escape(TMP_PREFIX) + r"(\d+)-\d+")  # TMP_PREFIX<version>-<pid>, as push_atomically names it
 
 
 class GateError(RuntimeError):

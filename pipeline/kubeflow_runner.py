@@ -107,17 +107,16 @@ def build_pipeline(*, image: str, pipeline_root: str, corpus: str, corpus_patter
         pipeline_name=pipeline_name, pipeline_root=pipeline_root, corpus_base=runtime_parameter("corpus", corpus),
         corpus_pattern=corpus_pattern, serving_model_dir=layout.serving_model_dir, config=config,
         beam_pipeline_args=beam, portable_resolvers=True, vertex_training=vertex,
+        # Runtime parameters, the compiled values their defaults (0: the compiled bound). TFX 1.16 takes one only
+        # as a plain parameter of a component, not inside a proto: the corpus pattern (in ExampleGen's
+        # input_config) is fixed here, and the steps and bounds are parameters of their own (README).
+        # Runtime parameters with the compiled values as defaults (0: the compiled bound). TFX 1.16 takes one only
+        # as a plain parameter of a component, not inside a proto: the corpus pattern (in ExampleGen's
+        # input_config) is fixed here, and the steps and bounds are parameters of their own (README).
         runtime={"train_steps": runtime_parameter("train_steps", config.resolved_train_steps),
                  "max_bits_per_byte": runtime_parameter("max_bits_per_byte", 0.0),
                  "max_perplexity": runtime_parameter("max_perplexity", 0.0)})
 
-
-RUNTIME_PARAMETERS = ("corpus", "train_steps", "max_bits_per_byte", "max_perplexity")
-"""The compiled pipeline's runtime parameters (Vertex ``parameter_values``, Kubeflow run parameters): the
-corpus directory, the Trainer's steps and the gate's absolute bounds (0: the compiled config's bound). TFX 1.16
-takes a RuntimeParameter only as a plain parameter of a component, not inside a proto, so the corpus pattern
-(inside ExampleGen's input_config) is fixed at compile time and the bounds and steps are parameters of their
-own that replace the compiled eval_config's and train_args' values."""
 
 
 def runtime_defaults(pipeline) -> dict:

@@ -44,6 +44,7 @@ from deepseek_tfx.components.baseline_resolver import (
 from deepseek_tfx.components.text_example_gen import TextExampleGen
 from deepseek_tfx.components.tokenizer_consumers import TokenizingTrainer, TokenizingTransform, VertexTokenizingTrainer
 from deepseek_tfx.components.tokenizer_gen import Tokenizer, TokenizerGen
+from deepseek_tfx.serving import tf_serving
 from deepseek_tfx.pipeline.config import (
     EVALUATOR,
     EXAMPLE_GEN,
@@ -174,10 +175,6 @@ class _Resolvers:
         ).with_id("latest_blessed_model_resolver")
 
 
-SERVING_IMAGE_TAG = "2.16.1"
-"""The tensorflow/serving release InfraValidator starts (serving.tf_serving.SERVING_IMAGE's tag)."""
-
-
 def infra_validator(model, examples, model_name: str) -> tfx.components.InfraValidator:
     """TFX's InfraValidator, LOAD_AND_QUERY in a local ``tensorflow/serving`` container (Docker).
 
@@ -191,7 +188,7 @@ def infra_validator(model, examples, model_name: str) -> tfx.components.InfraVal
         model=model,
         examples=examples,
         serving_spec=tfx.proto.ServingSpec(
-            tensorflow_serving=tfx.proto.TensorFlowServing(tags=[SERVING_IMAGE_TAG]),
+            tensorflow_serving=tfx.proto.TensorFlowServing(tags=[tf_serving.SERVING_VERSION]),
             local_docker=tfx.proto.LocalDockerConfig(),
             model_name=model_name),
         validation_spec=tfx.proto.ValidationSpec(max_loading_time_seconds=300, num_tries=2),

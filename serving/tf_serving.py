@@ -19,7 +19,8 @@ from deepseek_tfx.components.model_gate import numeric_versions
 from deepseek_tfx.trainer_module.config import ServingConfig
 from deepseek_tfx.trainer_module.export import read_export_config
 
-SERVING_IMAGE = "tensorflow/serving:2.16.1"
+SERVING_VERSION = "2.16.1"
+SERVING_IMAGE = f"tensorflow/serving:{SERVING_VERSION}"
 """The TF Serving release that matches the TensorFlow the model is exported with."""
 
 

@@ -2,6 +2,8 @@
 
 import tensorflow as tf
 
+from deepseek_tfx.trainer_module.config import get_preset
+from deepseek_tfx.trainer_module.model import DeepSeekLM
 from deepseek_tfx.trainer_module.tokenizer import ByteTokenizer
 
 RAW_SPEC = {"text": tf.io.FixedLenFeature([1], tf.string)}
@@ -24,3 +26,11 @@ class TransformOutputStandIn:
 
     def transform_features_layer(self):
         return TransformStandIn()
+
+
+def tiny_model(context_len: int, seed: int) -> DeepSeekLM:
+    """The ``tiny`` preset over the byte tokenizer's 260 ids, random weights from ``seed``, built."""
+    tf.random.set_seed(seed)
+    model = DeepSeekLM(get_preset("tiny").model.replace(vocab_size=260, context_len=context_len))
+    model(tf.zeros([1, 4], tf.int64))
+    return model

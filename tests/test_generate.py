@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from deepseek_tfx.trainer_module.config import ServingConfig, get_preset
+from deepseek_tfx.trainer_module.config import ServingConfig
 from deepseek_tfx.serving.client import generate_tensors
 from deepseek_tfx.trainer_module.export import LanguageModelModule, export_serving_model, read_export_config
 from deepseek_tfx.trainer_module.model import DeepSeekLM
 from deepseek_tfx.trainer_module.tokenizer import EOS_ID, NUM_RESERVED, ByteTokenizer
-from tests.export_helpers import RAW_SPEC, TransformOutputStandIn, TransformStandIn
+from tests.export_helpers import RAW_SPEC, TransformOutputStandIn, TransformStandIn, tiny_model
 
 CONTEXT = 24
 LIMIT = 64
@@ -28,10 +28,7 @@ class _IdsTokenizer(ByteTokenizer):
 
 @pytest.fixture(scope="module")
 def model():
-    tf.random.set_seed(7)
-    model = DeepSeekLM(get_preset("tiny").model.replace(vocab_size=260, context_len=CONTEXT))
-    model(tf.zeros([1, 4], tf.int64))
-    return model
+    return tiny_model(CONTEXT, seed=7)
 
 
 @pytest.fixture(scope="module")

@@ -19,17 +19,13 @@ from tfx.utils import proto_utils
 from deepseek_tfx.pipeline import local_runner
 from deepseek_tfx.pipeline.config import PipelineConfig
 from deepseek_tfx.trainer_module import export
-from deepseek_tfx.trainer_module.config import get_preset
-from deepseek_tfx.trainer_module.model import DeepSeekLM
 from deepseek_tfx.trainer_module.tokenizer import ByteTokenizer
-from tests.export_helpers import TransformOutputStandIn
+from tests.export_helpers import TransformOutputStandIn, tiny_model
 
 
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory):
-    tf.random.set_seed(5)
-    model = DeepSeekLM(get_preset("tiny").model.replace(vocab_size=260, context_len=32))
-    model(tf.zeros([1, 4], tf.int64))
+    model = tiny_model(32, seed=5)
     path = str(tmp_path_factory.mktemp("model") / "Format-Serving")
     export.export_serving_model(model, TransformOutputStandIn(), ByteTokenizer(), path)
     return path

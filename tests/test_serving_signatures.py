@@ -23,10 +23,9 @@ from deepseek_tfx.pipeline import cli
 from deepseek_tfx.serving import client
 from deepseek_tfx.serving.client import generate_tensors
 from deepseek_tfx.trainer_module import export
-from deepseek_tfx.trainer_module.config import ServingConfig, get_preset
-from deepseek_tfx.trainer_module.model import DeepSeekLM
+from deepseek_tfx.trainer_module.config import ServingConfig
 from deepseek_tfx.trainer_module.tokenizer import EOS_ID, ByteTokenizer
-from tests.export_helpers import TransformOutputStandIn
+from tests.export_helpers import TransformOutputStandIn, tiny_model
 
 CONTEXT = 32
 LIMITS = ServingConfig(max_batch_size=8, max_new_tokens=16, max_text_bytes=400, max_prompt_bytes=16,
@@ -35,10 +34,7 @@ LIMITS = ServingConfig(max_batch_size=8, max_new_tokens=16, max_text_bytes=400, 
 
 @pytest.fixture(scope="module")
 def model():
-    tf.random.set_seed(3)
-    model = DeepSeekLM(get_preset("tiny").model.replace(vocab_size=260, context_len=CONTEXT))
-    model(tf.zeros([1, 4], tf.int64))
-    return model
+    return tiny_model(CONTEXT, seed=3)
 
 
 @pytest.fixture(scope="module")
