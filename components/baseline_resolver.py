@@ -1,4 +1,5 @@
-"""Resolver strategies: the Evaluator's baseline, the Trainer's warm-start model, the reused tokenizer.
+"""Resolver strategies: the Evaluator's baseline, the Trainer's warm-start model, the reused tokenizer, and the
+statistics the data checks compare new data with.
 
 The Evaluator's baseline is the latest blessed model other than the candidate.
 
@@ -26,6 +27,7 @@ from deepseek_tfx.components.mlmd import (
     CANDIDATE_KEY,
     EXAMPLES_KEY,
     MODEL_KEY,
+    POST_TRANSFORM_STATS_KEY,
     TOKENIZER_KEY,
 )
 from deepseek_tfx.components.mlmd import MODEL_BLESSING_KEY as BLESSING_KEY
@@ -128,3 +130,65 @@ class WarmStartModelStrategy(resolver.ResolverStrategy):
         else:
             result.update(latest)
         return result
+
+
+BASELINE_STATISTICS_KEY = "baseline_statistics"
+CURRENT_STATISTICS_KEY = "statistics"
+DATA_CHECKS_TYPE = ".DataChecks"  # the end of components.data_checks.DataChecks's execution type name
+
+
+class BlessedDataStatisticsStrategy(resolver.ResolverStrategy):
+    """Resolves {baseline_statistics}: the post-transform statistics of the latest blessed model's data.
+
+    Inputs: ``model`` and ``model_blessing`` (all), ``baseline_statistics`` (all post-transform statistics of
+    the Transform node) and ``examples`` (this run's transformed examples: their Transform execution made this
+    run's statistics). When the blessed model was trained on this very data (a rerun with no new span), the
+    result is what the data checks of this data were given before, so they stay cached; none before the
+    first blessed model.
+    """
+
+    def resolve_artifacts(self, store, input_dict: dict[str, list[types.Artifact]]
+                          ) -> dict[str, list[types.Artifact]] | None:
+        models, blessings = input_dict.get(MODEL_KEY, []), input_dict.get(BLESSING_KEY, [])
+        candidates = {a.id: a for a in input_dict.get(BASELINE_STATISTICS_KEY, [])}
+        transformed = list(input_dict.get(EXAMPLES_KEY, []))
+        transform = mlmd.producer_id(store, transformed[0].id) if transformed else None
+        current = mlmd.artifact_ids(store, transform, POST_TRANSFORM_STATS_KEY, outputs=True) if transform else []
+        result = {MODEL_KEY: [], BLESSING_KEY: [], BASELINE_STATISTICS_KEY: [], EXAMPLES_KEY: transformed}
+        if not (models and blessings):
+            return result
+        result.update(_latest_blessed(models, blessings))
+        if not result[MODEL_KEY]:
+            return result
+        used = mlmd.training_statistics(store, result[MODEL_KEY][0])
+        if current and [a.id for a in used] == current[:1]:  # a rerun: repeat the checks' earlier input
+            consumers = store.get_executions_by_id(mlmd.consumer_ids(store, current[0], CURRENT_STATISTICS_KEY))
+            checks = sorted((e for e in consumers if mlmd.execution_type_name(store, e).endswith(DATA_CHECKS_TYPE)),
+                            key=lambda e: e.id)
+            given = mlmd.artifact_ids(store, checks[0].id, BASELINE_STATISTICS_KEY) if checks else []
+            result[BASELINE_STATISTICS_KEY] = [candidates[i] for i in given if i in candidates]
+        else:
+            result[BASELINE_STATISTICS_KEY] = [candidates[a.id] for a in used if a.id in candidates]
+        return result
+
+
+class FirstBlessedExamplesStrategy(resolver.ResolverStrategy):
+    """Resolves {examples}: the ExampleGen outputs the first blessed model (other than ``candidate``) was trained
+    on, as the Evaluator's fixed reference eval set; none before that model exists.
+
+    Inputs: ``model``, ``model_blessing`` (all), ``candidate`` (the Trainer's output, passed through) and
+    ``examples`` (all Examples of the ExampleGen node). Excluding the candidate keeps a rerun of the first
+    blessed run cached (its Evaluator had no reference either).
+    """
+
+    def resolve_artifacts(self, store, input_dict: dict[str, list[types.Artifact]]
+                          ) -> dict[str, list[types.Artifact]] | None:
+        candidates = {a.id for a in input_dict.get(CANDIDATE_KEY, [])}
+        blessed_ids = {b.get_int_custom_property("current_model_id") for b in input_dict.get(BLESSING_KEY, [])
+                       if b.get_int_custom_property("blessed") == 1}
+        models = sorted((m for m in input_dict.get(MODEL_KEY, []) if m.id in blessed_ids and m.id not in candidates),
+                        key=lambda m: m.id)
+        examples = {a.id: a for a in input_dict.get(EXAMPLES_KEY, [])}
+        used = mlmd.trained_examples(store, models[0]) if models else []
+        return {MODEL_KEY: models[:1], BLESSING_KEY: [], CANDIDATE_KEY: list(input_dict.get(CANDIDATE_KEY, [])),
+                EXAMPLES_KEY: [examples[a.id] for a in used if a.id in examples]}

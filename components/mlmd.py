@@ -26,6 +26,7 @@ TRANSFORMED_EXAMPLES_KEY = std.TRANSFORMED_EXAMPLES_KEY
 TRANSFORM_GRAPH_KEY = std.TRANSFORM_GRAPH_KEY
 POST_TRANSFORM_STATS_KEY = std.POST_TRANSFORM_STATS_KEY
 STATISTICS_KEY = std.STATISTICS_KEY
+ANOMALIES_KEY = std.ANOMALIES_KEY  # ExampleValidator's output
 SCHEMA_KEY = std.SCHEMA_KEY
 MODEL_KEY = std.MODEL_KEY  # "model"
 MODEL_RUN_KEY = std.MODEL_RUN_KEY
@@ -148,6 +149,24 @@ def producer_id(store, artifact_id: int) -> int | None:
     """Id of the execution that output the artifact, or None."""
     events = [e for e in store.get_events_by_artifact_ids([artifact_id]) if e.type in OUTPUT_EVENTS]
     return events[0].execution_id if events else None
+
+
+def consumer_ids(store, artifact_id: int, key: str) -> list[int]:
+    """Ids of the executions that took the artifact as an input under ``key``, oldest first."""
+    return sorted(e.execution_id for e in store.get_events_by_artifact_ids([artifact_id])
+                  if e.type in INPUT_EVENTS and _key(e) == key)
+
+
+def training_statistics(store, model) -> list:
+    """The post-transform statistics of the data a Trainer's model was trained on (its Transform's output)."""
+    transformed = producer_inputs(store, [model], EXAMPLES_KEY)
+    found: dict[int, Any] = {}
+    for artifact in transformed:
+        execution_id = producer_id(store, artifact.id)
+        if execution_id is not None:
+            for stats in execution_artifacts(store, execution_id).get(POST_TRANSFORM_STATS_KEY, []):
+                found[stats.id] = stats
+    return [found[i] for i in sorted(found)]
 
 
 def producer(store, artifact_id: int):

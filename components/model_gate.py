@@ -38,12 +38,16 @@ from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.dsl.io import fileio
 from tfx.proto import pusher_pb2
 from tfx.types import artifact_utils, standard_artifacts, standard_component_specs
-from tfx.types.component_spec import ExecutionParameter
+from tfx.types.component_spec import ChannelParameter, ExecutionParameter
 from tfx.utils import io_utils, json_utils, path_utils, proto_utils
 
 from deepseek_tfx.trainer_module.export import read_export_config
 
 COMPARED_BY = "compared_by"
+REFERENCE_EXAMPLES_KEY = "reference_examples"
+REFERENCE_TOLERANCE_KEY = "reference_bpb_tolerance"
+SOURCE = "source"  # the feature the Evaluator slices by: which eval set an example came from
+NEW, REFERENCE = "new", "reference"
 PERPLEXITY, BITS_PER_BYTE = "Perplexity", "BitsPerByte"
 TMP_PREFIX = ".tmp-"
 _TMP_DIR = re.compile(re.escape(TMP_PREFIX) + r"(\d+)-\d+")  # TMP_PREFIX<version>-<pid>, as push_atomically names it
@@ -116,7 +120,73 @@ def with_upper_bounds(eval_config, bounds: dict[str, float]):
     return config
 
 
+def source_slice(value: str):
+    """The TFMA slicing spec of one eval set (NEW or REFERENCE)."""
+    import tensorflow_model_analysis as tfma  # noqa: PLC0415  (heavy)
+
+    return tfma.SlicingSpec(feature_values={SOURCE: value})
+
+
+def with_reference_slice(eval_config, tolerance: float):
+    """A copy of ``eval_config`` sliced by source: its thresholds apply to the new data's slice, and the reference
+    slice may be worse than the baseline by at most ``tolerance`` bits per byte."""
+    import tensorflow_model_analysis as tfma  # noqa: PLC0415  (heavy)
+
+    config = tfma.EvalConfig()
+    config.CopyFrom(eval_config)
+    config.ClearField("slicing_specs")
+    config.slicing_specs.extend([tfma.SlicingSpec(), source_slice(NEW), source_slice(REFERENCE)])
+    found = False
+    for spec in config.metrics_specs:
+        for metric_config in spec.metrics:
+            if metric_config.HasField("threshold"):
+                metric_config.per_slice_thresholds.add(slicing_specs=[source_slice(NEW)],
+                                                       threshold=metric_config.threshold)
+                metric_config.ClearField("threshold")
+            if metric_config.class_name == BITS_PER_BYTE:
+                found = True
+                metric_config.per_slice_thresholds.add(
+                    slicing_specs=[source_slice(REFERENCE)],
+                    threshold=tfma.MetricThreshold(change_threshold=tfma.GenericChangeThreshold(
+                        direction=tfma.MetricDirection.LOWER_IS_BETTER, absolute={"value": tolerance})))
+    if not found:
+        raise GateError("the EvalConfig computes no BitsPerByte, which the reference eval set is compared on")
+    return config
+
+
+def _tag(record: bytes, source: bytes) -> bytes:
+    import tensorflow as tf  # noqa: PLC0415
+
+    example = tf.train.Example.FromString(record)
+    example.features.feature[SOURCE].bytes_list.value[:] = [source]
+    return example.SerializeToString()
+
+
 class _TokenizerAwareEvaluatorExecutor(evaluator_executor.Executor):
+    def _tagged_examples(self, groups: dict[str, list], splits: list[str]):
+        """One Examples artifact holding ``splits`` of each group's artifacts, each example tagged with its
+        group's name in the ``source`` feature (a Beam copy of the eval splits, in this execution's tmp dir)."""
+        import apache_beam as beam  # noqa: PLC0415
+        from tfx.components.util import examples_utils  # noqa: PLC0415
+
+        tagged = standard_artifacts.Examples()
+        tagged.uri = os.path.join(self._get_tmp_dir(), "tagged_examples")
+        tagged.split_names = artifact_utils.encode_split_names(splits)
+        examples_utils.set_payload_format(tagged, examples_utils.get_payload_format(groups[NEW][0]))
+        with self._make_beam_pipeline() as pipeline:
+            for split in splits:
+                sources = [
+                    pipeline
+                    | f"Read[{split}][{name}][{i}]" >> beam.io.ReadFromTFRecord(io_utils.all_files_pattern(uri))
+                    | f"Tag[{split}][{name}][{i}]" >> beam.Map(_tag, name.encode())
+                    for name, artifacts in groups.items()
+                    for i, uri in enumerate(artifact_utils.get_split_uris(artifacts, split))]
+                _ = (sources | f"Flatten[{split}]" >> beam.Flatten()
+                     | f"Write[{split}]" >> beam.io.WriteToTFRecord(
+                         os.path.join(artifact_utils.get_split_uri([tagged], split), "data_tfrecord"),
+                         file_name_suffix=".gz"))
+        return tagged
+
     def Do(self, input_dict, output_dict, exec_properties) -> None:  # noqa: N802
         import tensorflow_model_analysis as tfma  # noqa: PLC0415
 
@@ -138,14 +208,55 @@ class _TokenizerAwareEvaluatorExecutor(evaluator_executor.Executor):
                                key: proto_utils.proto_to_json(keep_change_threshold_on(eval_config, metric))}
             logging.info("Gate: candidate compared with baseline %s on %s (%s tokenizer)",
                          baselines[0].uri, metric, "same" if metric == PERPLEXITY else "a different")
+        references = input_dict.get(REFERENCE_EXAMPLES_KEY) or []
+        tolerance = exec_properties.get(REFERENCE_TOLERANCE_KEY)
+        examples = input_dict[standard_component_specs.EXAMPLES_KEY]
+        if references and {a.id for a in references} == {a.id for a in examples}:
+            logging.info("Gate: the reference eval set is this run's eval data itself; no separate reference slice")
+            references = []
+        if references and tolerance is not None:
+            eval_config = tfma.EvalConfig()
+            proto_utils.json_to_proto(exec_properties[key], eval_config)
+            exec_properties = {**exec_properties,
+                               key: proto_utils.proto_to_json(with_reference_slice(eval_config, float(tolerance)))}
+            splits = json_utils.loads(exec_properties.get(standard_component_specs.EXAMPLE_SPLITS_KEY) or "null")
+            tagged = self._tagged_examples({NEW: examples, REFERENCE: references}, splits or ["eval"])
+            input_dict = {**input_dict, standard_component_specs.EXAMPLES_KEY: [tagged]}
+            logging.info("Gate: the reference eval set (%s) may be worse than the baseline by at most %g bits per "
+                         "byte", ", ".join(a.uri for a in references), float(tolerance))
         evaluation = artifact_utils.get_single_instance(output_dict[standard_component_specs.EVALUATION_KEY])
         evaluation.set_string_custom_property(COMPARED_BY, metric or "none (no baseline)")
+        input_dict = {k: v for k, v in input_dict.items() if k != REFERENCE_EXAMPLES_KEY}
         super().Do(input_dict, output_dict, exec_properties)
+        if references and tolerance is not None:  # both eval sets' figures, in ML Metadata
+            evaluation.set_string_custom_property("reference_examples", ",".join(a.uri for a in references))
+            for source in (NEW, REFERENCE):
+                for model, value in slice_metrics(evaluation.uri, source, "bits_per_byte").items():
+                    evaluation.set_float_custom_property(f"{source}_{model}_bits_per_byte", value)
+
+
+def slice_metrics(evaluation_uri: str, source: str | None, name: str) -> dict[str, float]:
+    """Metric ``name`` by model (candidate, baseline) on one source's slice (None: the overall slice)."""
+    import tensorflow_model_analysis as tfma  # noqa: PLC0415  (heavy)
+
+    wanted = () if source is None else ((SOURCE, source.encode()),)
+    found = {}
+    for per_slice in tfma.load_metrics(evaluation_uri):
+        keys = tuple((k.column, k.bytes_value) for k in per_slice.slice_key.single_slice_keys)
+        if keys != wanted:
+            continue
+        for kv in per_slice.metric_keys_and_values:
+            if kv.key.name == name and not kv.key.is_diff:
+                found[kv.key.model_name or "candidate"] = kv.value.double_value.value
+    return found
 
 
 class TokenizerAwareEvaluatorSpec(standard_component_specs.EvaluatorSpec):
+    INPUTS = {**standard_component_specs.EvaluatorSpec.INPUTS,
+              REFERENCE_EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples, optional=True)}
     PARAMETERS = {**standard_component_specs.EvaluatorSpec.PARAMETERS,
-                  **{k: ExecutionParameter(type=float, optional=True) for k in BOUND_KEYS}}
+                  **{k: ExecutionParameter(type=float, optional=True) for k in BOUND_KEYS},
+                  REFERENCE_TOLERANCE_KEY: ExecutionParameter(type=float, optional=True)}
 
 
 class TokenizerAwareEvaluator(base_beam_component.BaseBeamComponent):
@@ -155,15 +266,21 @@ class TokenizerAwareEvaluator(base_beam_component.BaseBeamComponent):
         examples, model, baseline_model, eval_config, example_splits: as for Evaluator.
         max_perplexity, max_bits_per_byte: when set (a float or a RuntimeParameter), the absolute upper bound on
             that metric, replacing the one in ``eval_config`` (see BOUND_KEYS).
+        reference_examples: a fixed reference eval set (components.baseline_resolver.FirstBlessedExamplesStrategy);
+            when given with ``reference_bpb_tolerance``, the evaluation is sliced by source (with_reference_slice):
+            ``eval_config``'s thresholds gate the new data's slice, and the reference slice may be worse than the
+            baseline by at most that many bits per byte.
     """
 
     SPEC_CLASS = TokenizerAwareEvaluatorSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(_TokenizerAwareEvaluatorExecutor)
 
     def __init__(self, examples, model, eval_config, baseline_model=None, example_splits=None,
-                 max_perplexity=None, max_bits_per_byte=None):
+                 max_perplexity=None, max_bits_per_byte=None, reference_examples=None,
+                 reference_bpb_tolerance: float | None = None):
         super().__init__(spec=TokenizerAwareEvaluatorSpec(
             examples=examples, model=model, baseline_model=baseline_model, eval_config=eval_config,
+            reference_examples=reference_examples, reference_bpb_tolerance=reference_bpb_tolerance,
             example_splits=json_utils.dumps(example_splits), fairness_indicator_thresholds=json_utils.dumps(None),
             max_perplexity=max_perplexity, max_bits_per_byte=max_bits_per_byte,
             evaluation=types.Channel(type=standard_artifacts.ModelEvaluation),

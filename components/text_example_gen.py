@@ -214,6 +214,8 @@ class TextExampleGen(FileBasedExampleGen):
         require_every_split: fail when a split is left empty (off where the splits of several spans are used
             together, as with a span window).
         range_config: optional span range (default: the latest span).
+        single_split: put every document in this one split instead of hashing into train/eval (a reference
+            eval corpus: ``"eval"``).
     """
 
     SPEC_CLASS = TextExampleGenSpec
@@ -222,18 +224,19 @@ class TextExampleGen(FileBasedExampleGen):
     def __init__(self, input_base: str, input_pattern: str = "*", eval_fraction: float = 0.1,
                  max_document_chars: int = 4096, text_field: str = "text",
                  max_line_bytes: int = text_corpus.MAX_LINE_BYTES, require_every_split: bool = True,
-                 range_config: range_config_pb2.RangeConfig | None = None):
+                 range_config: range_config_pb2.RangeConfig | None = None, single_split: str | None = None):
         if not 0.0 < eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be within (0, 1), got {eval_fraction}")
         if max_document_chars < 64:
             raise ValueError(f"max_document_chars must be >= 64, got {max_document_chars}")
         eval_buckets = max(1, round(1000 * eval_fraction))
         input_config = example_gen_pb2.Input(splits=[
-            example_gen_pb2.Input.Split(name="single_split", pattern=input_pattern)])
-        output_config = example_gen_pb2.Output(split_config=example_gen_pb2.SplitConfig(splits=[
-            example_gen_pb2.SplitConfig.Split(name="train", hash_buckets=1000 - eval_buckets),
-            example_gen_pb2.SplitConfig.Split(name="eval", hash_buckets=eval_buckets),
-        ]))
+            example_gen_pb2.Input.Split(name=single_split or "single_split", pattern=input_pattern)])
+        output_config = example_gen_pb2.Output() if single_split else example_gen_pb2.Output(  # input's split
+            split_config=example_gen_pb2.SplitConfig(splits=[
+                example_gen_pb2.SplitConfig.Split(name="train", hash_buckets=1000 - eval_buckets),
+                example_gen_pb2.SplitConfig.Split(name="eval", hash_buckets=eval_buckets),
+            ]))
         spec = TextExampleGenSpec(
             input_base=input_base,
             input_config=input_config,

@@ -120,6 +120,7 @@ class TokenizingTransform(base_beam_component.BaseBeamComponent):
         examples, schema: as for Transform.
         tokenizer: channel of the Tokenizer to apply.
         preprocessing_fn: module path of the preprocessing function.
+        stats_options_updater_fn: module path of Transform's statistics options updater (optional).
         custom_config: extra configuration for ``preprocessing_fn``.
     """
 
@@ -127,10 +128,11 @@ class TokenizingTransform(base_beam_component.BaseBeamComponent):
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(_TransformExecutor)
 
     def __init__(self, examples, schema, tokenizer, preprocessing_fn: str,
-                 custom_config: dict[str, Any] | None = None):
+                 custom_config: dict[str, Any] | None = None, stats_options_updater_fn: str | None = None):
         channel = types.Channel
         super().__init__(spec=TokenizingTransformSpec(
             examples=examples, schema=schema, tokenizer=tokenizer, preprocessing_fn=preprocessing_fn,
+            stats_options_updater_fn=stats_options_updater_fn,
             force_tf_compat_v1=0, custom_config=json_utils.dumps(custom_config or {}),
             disable_statistics=0,
             transform_graph=channel(type=standard_artifacts.TransformGraph),

@@ -121,6 +121,18 @@ def _build_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt", nargs="+", help="one or more prompts")
     generate.set_defaults(func=_cmd_generate)
 
+    schema = sub.add_parser(
+        "schema", help="show, freeze or reset the pipeline's frozen schema",
+        description="The first run that pushes a model freezes its schema and the text ranges of the data checks "
+                    "in OUTPUT/schema; later runs import them (ImportSchemaGen). show prints them, freeze takes them "
+                    "again from the latest pushed model's run, reset goes back to inferring each run's schema.")
+    schema.add_argument("action", choices=("show", "freeze", "reset"))
+    _add_output_arg(schema, "output directory of the runs")
+    schema.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
+                        help="ML Metadata store (as for run; freeze reads it)")
+    _add_config_args(schema)
+    schema.set_defaults(func=_cmd_schema)
+
     config = sub.add_parser(
         "config", help="print the effective configuration",
         description="Print every field of every section as run would use it (the dataclass defaults, the preset, "
@@ -198,6 +210,10 @@ def _add_local_args(parser) -> None:
     parser.add_argument("--wait", action="store_true",
                         help="when another run holds the output directory, wait for it to end (default: exit 2 "
                              "at once, naming that run)")
+    parser.add_argument("--eval-corpus", metavar="PATH_OR_GLOB",
+                        help="a fixed reference eval corpus, read whole: no candidate is blessed that is worse on it "
+                             "than the last blessed model by more than pipeline.reference_bpb_tolerance (default: "
+                             "the eval split of the first blessed run's data)")
 
 
 def _config_from_args(args):
@@ -298,7 +314,8 @@ def _cmd_run(args) -> int:
         return EXIT_USAGE
     try:
         summary = local_runner.run(output=args.output, config=config, corpus=args.corpus,
-                                   beam_args=args.beam_arg, metadata=metadata, wait=args.wait)
+                                   beam_args=args.beam_arg, metadata=metadata, wait=args.wait,
+                                   eval_corpus=args.eval_corpus)
     except run_lock.RunLockedError as e:
         print(f"deepseek-tfx: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -310,7 +327,7 @@ def _cmd_run(args) -> int:
         print(f"deepseek-tfx: pipeline failed: {_root_cause(e)}", file=sys.stderr)
         return EXIT_FAILED
     print(report.format_summary(summary))
-    return 0
+    return EXIT_FAILED if summary.get("data_checks_passed") is False else 0
 
 
 def _cmd_compile(args) -> int:
@@ -389,6 +406,29 @@ def _root_cause(error: BaseException) -> str:
     error = _chain(error)[-1]
     text = str(error)
     return f"{type(error).__name__}: {text.strip().splitlines()[-1] if text.strip() else ''}"
+
+
+def _cmd_schema(args) -> int:
+    from deepseek_tfx.components import mlmd
+    from deepseek_tfx.pipeline import local_runner
+    from deepseek_tfx.pipeline import schema as schema_lib
+    from deepseek_tfx.trainer_module.config import ConfigError
+
+    schema_dir = local_runner.Layout(local_runner.absolute(args.output)).schema_dir
+    try:
+        if args.action == "show":
+            print(schema_lib.show(schema_dir), end="")
+        elif args.action == "reset":
+            removed = schema_lib.reset(schema_dir)
+            print(f"removed {', '.join(removed)}" if removed else f"no frozen schema in {schema_dir}")
+        else:
+            margin = _config_from_args(args).data_checks.range_margin
+            written = schema_lib.freeze(mlmd.open_store(_metadata(args)), schema_dir, margin)
+            print(f"froze {', '.join(written.values())}")
+    except (schema_lib.SchemaError, ConfigError, ValueError) as e:
+        print(f"deepseek-tfx: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
 
 
 def _cmd_lineage(args) -> int:

@@ -23,10 +23,46 @@ MODEL_NAME = "deepseek"
 # Node ids of the components that the run summary reads back (ML Metadata contexts "<pipeline>.<node>").
 EXAMPLE_GEN = "TextExampleGen"
 TRANSFORM = "Transform"
+DATA_CHECKS = "DataChecks"
 TRAINER = "Trainer"
 EVALUATOR = "Evaluator"
 PUSHER = "Pusher"
 INFRA_VALIDATOR = "InfraValidator"
+
+
+@dataclasses.dataclass(frozen=True)
+class DataChecksConfig:
+    """What stops a new span before training (components.data_checks), on Transform's post-transform statistics.
+
+    The document-length and token-count ranges are frozen with the pipeline's schema (``deepseek-tfx schema``);
+    the thresholds here apply at every run.
+    """
+
+    freeze_schema: bool = True
+    """Freeze the schema and the text ranges from the first run whose model is pushed; later runs import them."""
+    range_margin: float = 2.0
+    """Frozen ranges are the observed document bytes and token counts, widened by this factor each way."""
+    max_replacement_share: float | None = 0.01
+    """Most U+FFFD characters (invalid UTF-8 that ExampleGen replaced) as a share of all characters; none: no check."""
+    max_token_drift: float | None = 0.2
+    """Most Jensen-Shannon divergence between the token frequencies of the last blessed model's data and the new
+    data (TFDV's drift comparator; measured: 0.003 for more of the same English text, 0.80 for random bytes,
+    0.999 for Chinese text); none: no check."""
+
+    def __post_init__(self):
+        name = type(self).__name__
+        require_field(self.range_margin >= 1.0, name, "range_margin", f"must be >= 1, got {self.range_margin}")
+        require_field(self.max_replacement_share is None or 0.0 <= self.max_replacement_share <= 1.0, name,
+                      "max_replacement_share", f"must be within [0, 1], got {self.max_replacement_share}")
+        require_field(self.max_token_drift is None or 0.0 < self.max_token_drift <= 1.0, name,
+                      "max_token_drift", f"must be within (0, 1], got {self.max_token_drift}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DataChecksConfig:
+        return cls(**values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +94,10 @@ class PipelineConfig:
     """A candidate may be worse than the last blessed model by at most this much perplexity."""
     bpb_regression_tolerance: float = 0.0
     """The same, in bits per byte: used instead when the two models' tokenizers differ."""
+    reference_bpb_tolerance: float | None = 0.05
+    """A candidate may be worse than the last blessed model on the reference eval set (the eval split of the
+    first blessed run's data, so a bad new span cannot hide forgetting) by at most this many bits per byte;
+    none: no reference check. Local runs only (the reference resolver does not compile for Kubeflow / Vertex)."""
     keep_versions: int = 5
     """Versions this pipeline pushed that a local run keeps (it deletes its older pushes; foreign and pinned
     versions always stay); 0 keeps all."""
@@ -67,6 +107,8 @@ class PipelineConfig:
     """What TokenizerGen learns when it learns a tokenizer."""
     serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
     """Request limits the exported signatures enforce (and TF Serving's batching.config follows)."""
+    data_checks: DataChecksConfig = dataclasses.field(default_factory=DataChecksConfig)
+    """What stops a bad new span before training."""
     retrain_tokenizer: bool = False
     """Learn a new tokenizer even when a blessed model exists (default: reuse the blessed model's)."""
     remove_checkpoints_after_push: bool = True
@@ -100,6 +142,8 @@ class PipelineConfig:
                       f"must be >= 0, got {self.regression_tolerance}")
         require_field(self.bpb_regression_tolerance >= 0, name, "bpb_regression_tolerance",
                       f"must be >= 0, got {self.bpb_regression_tolerance}")
+        require_field(self.reference_bpb_tolerance is None or self.reference_bpb_tolerance >= 0, name,
+                      "reference_bpb_tolerance", f"must be >= 0, got {self.reference_bpb_tolerance}")
         require_field(self.keep_versions >= 0, name, "keep_versions",
                       f"must be >= 0 (0 keeps all), got {self.keep_versions}")
         require_field(self.last_spans >= 1, name, "last_spans", f"must be >= 1, got {self.last_spans}")
@@ -132,5 +176,5 @@ class PipelineConfig:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["PipelineConfig", "ConfigError", "PIPELINE_NAME", "MODEL_NAME", "EXAMPLE_GEN",
+__all__ = ["PipelineConfig", "DataChecksConfig", "ConfigError", "PIPELINE_NAME", "MODEL_NAME", "EXAMPLE_GEN",
            "TRANSFORM", "TRAINER", "EVALUATOR", "PUSHER", "INFRA_VALIDATOR"]

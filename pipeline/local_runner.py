@@ -30,6 +30,7 @@ from deepseek_tfx.components import mlmd
 from deepseek_tfx.components.text_corpus import CorpusError
 from deepseek_tfx.pipeline import corpus as corpus_lib
 from deepseek_tfx.pipeline import report, run_lock, settings
+from deepseek_tfx.pipeline import schema as schema_lib
 from deepseek_tfx.pipeline.config import EXAMPLE_GEN, PIPELINE_NAME, PipelineConfig
 from deepseek_tfx.pipeline.pipeline import create_ingest_pipeline, create_pipeline
 from deepseek_tfx.serving import tf_serving
@@ -58,6 +59,11 @@ class Layout:
     @property
     def serving_model_dir(self) -> str:
         return os.path.join(self.output, "serving_model", self.model_name)
+
+    @property
+    def schema_dir(self) -> str:
+        """The pipeline's frozen schema (pipeline.schema)."""
+        return os.path.join(self.output, "schema")
 
     @property
     def default_corpus_dir(self) -> str:
@@ -245,12 +251,14 @@ def prepare(
     metadata: metadata_store_pb2.ConnectionConfig | None = None,
     pipeline_name: str = PIPELINE_NAME,
     infra_validation: bool | None = None,
+    eval_corpus: str | None = None,
 ) -> LocalRun:
     """Checks the corpus (writing the built-in one when none is given) and builds the pipeline.
 
     The Beam mode is chosen by the corpus size (default_beam_args); ``beam_args`` come after, so they win.
     TFX's InfraValidator runs before the Pusher when a Docker engine answers (``infra_validation`` None:
-    docker_reachable decides, and a skip is logged with its reason).
+    docker_reachable decides, and a skip is logged with its reason). ``eval_corpus`` (checked like the corpus)
+    is the Evaluator's fixed reference eval set (create_pipeline's ``eval_corpus``).
 
     Raises:
         components.text_corpus.CorpusError: the corpus cannot produce documents.
@@ -260,6 +268,13 @@ def prepare(
         corpus = corpus_lib.write_default_corpus(layout.default_corpus_dir)
     base, pattern = corpus_lib.resolve(absolute(corpus))
     files, _ = corpus_lib.check(base, pattern)
+    reference = None
+    if eval_corpus is not None:
+        try:
+            reference = corpus_lib.resolve(absolute(eval_corpus))
+            corpus_lib.check(*reference)
+        except CorpusError as e:
+            raise CorpusError(f"eval corpus: {e}") from None
     corpus_bytes = sum(corpus_lib.uncompressed_size(f) for f in files) if not is_remote(base) else None
     metadata = metadata or metadata_connection("sqlite", layout.output, {})
     beam_args = [*default_beam_args(corpus_bytes), *beam_args]
@@ -277,6 +292,8 @@ def prepare(
         metadata_connection_config=metadata,
         beam_pipeline_args=beam_args,
         infra_validation=infra_validation,
+        frozen_schema_dir=layout.schema_dir if schema_lib.is_frozen(layout.schema_dir) else None,
+        eval_corpus=reference,
     )
     return LocalRun(pipeline, config, layout, base, pattern, metadata, beam_args)
 
@@ -344,8 +361,12 @@ def _run(local: LocalRun) -> dict:
             configs = tf_serving.write_configs(serving_base, config.model_name, pinned)
             summary["serve_command"] = configs.pop("docker")
             summary["serving_configs"] = configs
+        if config.data_checks.freeze_schema and not schema_lib.is_frozen(local.layout.schema_dir):
+            schema_lib.freeze(store, local.layout.schema_dir, config.data_checks.range_margin)
+            summary["schema_frozen_now"] = True
         if config.remove_checkpoints_after_push:
             summary["removed_checkpoints"] = remove_finished_checkpoints(store, pipeline_name)
+    summary["schema"] = local.layout.schema_dir if schema_lib.is_frozen(local.layout.schema_dir) else None
     metadata = local.metadata
     if metadata.HasField("sqlite"):
         summary["metadata"] = metadata.sqlite.filename_uri

@@ -1,8 +1,14 @@
 """``create_pipeline``: the DAG, as a pure function of its arguments.
 
 corpus -> TextExampleGen -> StatisticsGen -> SchemaGen -> ExampleValidator
-       -> TokenizerGen (learn subwords) -> Transform (tokenize) -> Trainer
-       -> Evaluator (gate vs. latest blessed) -> Pusher
+       -> TokenizerGen (learn subwords) -> Transform (tokenize) -> DataChecks
+       -> Trainer -> Evaluator (gate vs. latest blessed) -> Pusher
+
+Once the schema is frozen (``frozen_schema_dir``), ExampleValidator checks each
+new span against it (ImportSchemaGen) and a second ImportSchemaGen gives
+DataChecks the frozen text ranges.
+The Trainer and everything after it run only when DataChecks passed (a TFX
+conditional on its output), so a bad span stops the run before training.
 
 With ``last_spans`` > 1, TokenizerGen, Transform (so the Trainer) and the
 Evaluator take the Examples of the last N spans (components.span_window)
@@ -26,17 +32,22 @@ from deepseek_tfx.components.mlmd import (
     BLESSING_KEY,
     CANDIDATE_KEY,
     EXAMPLES_KEY,
+    ANOMALIES_KEY,
     MODEL_BLESSING_KEY,
     MODEL_KEY,
+    POST_TRANSFORM_STATS_KEY,
     SCHEMA_KEY,
     STATISTICS_KEY,
     TOKENIZER_KEY,
     TRANSFORM_GRAPH_KEY,
     TRANSFORMED_EXAMPLES_KEY,
 )
+from deepseek_tfx.components import data_checks as checks_lib
 from deepseek_tfx.components.model_gate import AtomicPusher, TokenizerAwareEvaluator
 from deepseek_tfx.components.span_window import LastSpansStrategy
 from deepseek_tfx.components.baseline_resolver import (
+    BlessedDataStatisticsStrategy,
+    FirstBlessedExamplesStrategy,
     BlessedModelTokenizerStrategy,
     LatestBlessedBaselineStrategy,
     WarmStartModelStrategy,
@@ -46,6 +57,7 @@ from deepseek_tfx.components.tokenizer_consumers import TokenizingTrainer, Token
 from deepseek_tfx.components.tokenizer_gen import Tokenizer, TokenizerGen
 from deepseek_tfx.serving import tf_serving
 from deepseek_tfx.pipeline.config import (
+    DATA_CHECKS,
     EVALUATOR,
     EXAMPLE_GEN,
     INFRA_VALIDATOR,
@@ -57,6 +69,9 @@ from deepseek_tfx.pipeline.config import (
 )
 
 PREPROCESSING_FN = "deepseek_tfx.trainer_module.preprocessing.preprocessing_fn"
+STATS_OPTIONS_UPDATER_FN = "deepseek_tfx.trainer_module.preprocessing.stats_options_updater_fn"
+SCHEMA_FILE = "schema.pbtxt"  # the frozen schema of the raw examples, in frozen_schema_dir
+TEXT_SCHEMA_FILE = "text_schema.pbtxt"  # the frozen text ranges (components.data_checks.text_constraints)
 RUN_FN = "deepseek_tfx.trainer_module.trainer.run_fn"
 METRICS_MODULE = "deepseek_tfx.trainer_module.metrics"
 
@@ -104,14 +119,21 @@ def _example_gen(corpus_base: str, corpus_pattern: str, config: PipelineConfig, 
                           range_config=range_config).with_id(EXAMPLE_GEN)
 
 
-def _data_checks(example_gen):
-    """StatisticsGen, SchemaGen and ExampleValidator (TFDV) over an ExampleGen's output."""
+def _data_checks(example_gen, frozen_schema_dir: str | None = None) -> list:
+    """StatisticsGen, SchemaGen and ExampleValidator (TFDV); with a frozen schema, ExampleValidator checks the data
+    against it (ImportSchemaGen) instead of against the schema SchemaGen infers from the same data.
+
+    Transform and the Trainer keep parsing with SchemaGen's schema (for a text corpus both describe the one
+    ``text`` feature): their inputs then stay the same across the freeze, so a rerun on unchanged data right after
+    the first push is still fully cached instead of training again.
+    """
     statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs[EXAMPLES_KEY])
-    schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs[STATISTICS_KEY],
-                                          infer_feature_shape=True)
+    schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs[STATISTICS_KEY], infer_feature_shape=True)
+    frozen = (tfx.components.ImportSchemaGen(schema_file=f"{frozen_schema_dir.rstrip('/')}/{SCHEMA_FILE}")
+              .with_id("ImportSchemaGen") if frozen_schema_dir else None)
     example_validator = tfx.components.ExampleValidator(
-        statistics=statistics_gen.outputs[STATISTICS_KEY], schema=schema_gen.outputs[SCHEMA_KEY])
-    return statistics_gen, schema_gen, example_validator
+        statistics=statistics_gen.outputs[STATISTICS_KEY], schema=(frozen or schema_gen).outputs[SCHEMA_KEY])
+    return [statistics_gen, schema_gen, *([frozen] if frozen else []), example_validator]
 
 
 class _Resolvers:
@@ -166,6 +188,33 @@ class _Resolvers:
             **({} if self.portable else {EXAMPLES_KEY: transformed_examples}),
         ).with_id("warm_start_model_resolver")
 
+    def blessed_data_statistics(self, transformed_examples) -> tfx.dsl.Resolver | None:
+        """The post-transform statistics of the latest blessed model's data (None where not portable: the data
+        checks then compare no drift)."""
+        if self.portable:
+            return None
+        return tfx.dsl.Resolver(
+            strategy_class=BlessedDataStatisticsStrategy,
+            **self._blessed_models(),
+            baseline_statistics=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ExampleStatistics,
+                                                producer_component_id=TRANSFORM,
+                                                output_key=POST_TRANSFORM_STATS_KEY),
+            examples=transformed_examples,
+        ).with_id("blessed_data_statistics_resolver")
+
+    def reference_examples(self, example_gen, candidate) -> tfx.dsl.Resolver | None:
+        """The Examples the first blessed model was trained on: the Evaluator's reference eval set (None where
+        portable)."""
+        if self.portable:
+            return None
+        return tfx.dsl.Resolver(
+            strategy_class=FirstBlessedExamplesStrategy,
+            **self._blessed_models(),
+            **{CANDIDATE_KEY: candidate},
+            examples=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Examples,
+                                     producer_component_id=example_gen.id, output_key=EXAMPLES_KEY),
+        ).with_id("reference_examples_resolver")
+
     def baseline_model(self, candidate) -> tfx.dsl.Resolver:
         """The Evaluator's baseline: the latest blessed model (other than the candidate, locally)."""
         return tfx.dsl.Resolver(
@@ -208,6 +257,7 @@ def create_ingest_pipeline(
     config: PipelineConfig,
     metadata_connection_config: metadata_store_pb2.ConnectionConfig | None = None,
     beam_pipeline_args: Sequence[str] = (),
+    frozen_schema_dir: str | None = None,
 ) -> tfx.dsl.Pipeline:
     """ExampleGen reading one given span, and the data checks, under the same pipeline and node names as
     create_pipeline.
@@ -221,7 +271,7 @@ def create_ingest_pipeline(
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,
-        components=[example_gen, *_data_checks(example_gen)],
+        components=[example_gen, *_data_checks(example_gen, frozen_schema_dir)],
         enable_cache=True,
         metadata_connection_config=metadata_connection_config,
         beam_pipeline_args=list(beam_pipeline_args),
@@ -243,6 +293,8 @@ def create_pipeline(
     vertex_training: dict | None = None,
     infra_validation: bool = False,
     runtime: dict | None = None,
+    frozen_schema_dir: str | None = None,
+    eval_corpus: tuple[str, str] | None = None,
 ) -> tfx.dsl.Pipeline:
     """Wires the components of the text-to-served-model pipeline.
 
@@ -269,6 +321,13 @@ def create_pipeline(
         runtime: values (or TFX RuntimeParameters) that replace the config's at run time: ``train_steps``
             (the Trainer's), ``max_bits_per_byte`` and ``max_perplexity`` (the gate's absolute bounds; 0 keeps
             the config's). ``corpus_base`` may be a RuntimeParameter too.
+        frozen_schema_dir: the pipeline's frozen schema (``schema.pbtxt`` of the raw examples and
+            ``text_schema.pbtxt`` of the text ranges; pipeline.schema freezes them); None: SchemaGen infers the
+            schema from each run's data and DataChecks has no ranges yet.
+        eval_corpus: (base, pattern) of a fixed reference eval corpus, read whole by a second TextExampleGen
+            (``ReferenceExampleGen``, one ``eval`` split); None: the reference eval set is the eval split of the
+            first blessed run's data (reference_examples_resolver, local only). Either way the Evaluator slices
+            by source (components.model_gate.with_reference_slice) when ``config.reference_bpb_tolerance`` is set.
         infra_validation: add TFX's InfraValidator (see infra_validator) before the Pusher, which then
             pushes only a model that loaded and answered in TF Serving. Needs a Docker engine where the
             component runs (local runs decide with local_runner.docker_reachable).
@@ -276,7 +335,14 @@ def create_pipeline(
     resolvers = _Resolvers(portable_resolvers)
     runtime = runtime or {}
     example_gen = _example_gen(corpus_base, corpus_pattern, config)
-    statistics_gen, schema_gen, example_validator = _data_checks(example_gen)
+    checks = _data_checks(example_gen, frozen_schema_dir)
+    reference_gen = None
+    if eval_corpus is not None and config.reference_bpb_tolerance is not None:
+        reference_gen = TextExampleGen(
+            input_base=eval_corpus[0], input_pattern=eval_corpus[1], max_document_chars=config.max_document_chars,
+            text_field=config.text_field, max_line_bytes=config.max_line_bytes, single_split="eval",
+        ).with_id("ReferenceExampleGen")
+    schema_gen, example_validator = checks[1], checks[-1]
     # The newest span is validated above; the tokenizer, training and evaluation see the window.
     span_window = resolvers.span_window(example_gen, config.last_spans)
     examples = span_window.outputs[EXAMPLES_KEY] if span_window else example_gen.outputs[EXAMPLES_KEY]
@@ -290,48 +356,75 @@ def create_pipeline(
         schema=schema_gen.outputs[SCHEMA_KEY],
         tokenizer=tokenizer_gen.outputs[TOKENIZER_KEY],
         preprocessing_fn=PREPROCESSING_FN,
+        stats_options_updater_fn=STATS_OPTIONS_UPDATER_FN,
     ).with_id(TRANSFORM)
     transformed = transform.outputs[TRANSFORMED_EXAMPLES_KEY]
-    warm_start_resolver = resolvers.warm_start_model(transformed) if config.warm_start else None
-    trainer = (VertexTokenizingTrainer if vertex_training else TokenizingTrainer)(
-        run_fn=RUN_FN,
-        base_model=warm_start_resolver.outputs[MODEL_KEY] if warm_start_resolver else None,
-        examples=transformed,
-        transform_graph=transform.outputs[TRANSFORM_GRAPH_KEY],
-        schema=schema_gen.outputs[SCHEMA_KEY],
-        tokenizer=tokenizer_gen.outputs[TOKENIZER_KEY],
-        train_args=tfx.proto.TrainArgs(num_steps=config.resolved_train_steps),
-        eval_args=tfx.proto.EvalArgs(num_steps=config.resolved_eval_batches),
-        custom_config={**config.trainer_custom_config(), **(vertex_training or {})},
-        train_steps=runtime.get("train_steps"),
-    ).with_id(TRAINER)
-    model_resolver = resolvers.baseline_model(trainer.outputs[MODEL_KEY])
-    evaluator = TokenizerAwareEvaluator(
-        examples=examples,
-        model=trainer.outputs[MODEL_KEY],
-        baseline_model=model_resolver.outputs[MODEL_KEY],
-        eval_config=eval_config(config),
-        example_splits=["eval"],
-        max_bits_per_byte=runtime.get("max_bits_per_byte"),
-        max_perplexity=runtime.get("max_perplexity"),
-    ).with_id(EVALUATOR)
-    infra = (infra_validator(trainer.outputs[MODEL_KEY], example_gen.outputs[EXAMPLES_KEY], config.model_name)
-             if infra_validation else None)
-    pusher = AtomicPusher(
-        model=trainer.outputs[MODEL_KEY],
-        model_blessing=evaluator.outputs[BLESSING_KEY],
-        infra_blessing=infra.outputs[BLESSING_KEY] if infra else None,
-        push_destination=tfx.proto.PushDestination(
-            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)),
-    ).with_id(PUSHER)
+    post_stats = transform.outputs[POST_TRANSFORM_STATS_KEY]
+    text_schema = (tfx.components.ImportSchemaGen(
+        schema_file=f"{frozen_schema_dir.rstrip('/')}/{TEXT_SCHEMA_FILE}").with_id("ImportTextSchemaGen")
+        if frozen_schema_dir else None)
+    statistics_resolver = (resolvers.blessed_data_statistics(transformed)
+                           if config.data_checks.max_token_drift is not None else None)
+    data_checks = checks_lib.DataChecks(
+        statistics=post_stats,
+        checks={"max_replacement_share": config.data_checks.max_replacement_share,
+                "max_token_drift": config.data_checks.max_token_drift},
+        text_schema=text_schema.outputs[SCHEMA_KEY] if text_schema else None,
+        baseline_statistics=(statistics_resolver.outputs[checks_lib.BASELINE_STATISTICS_KEY]
+                             if statistics_resolver else None),
+        raw_anomalies=example_validator.outputs[ANOMALIES_KEY],
+    ).with_id(DATA_CHECKS)
+    passed = data_checks.outputs[checks_lib.ANOMALIES_KEY].future()[0].custom_property(checks_lib.PASSED) == 1
+    with tfx.dsl.Cond(passed):  # a span that fails the checks trains, evaluates and pushes nothing
+        warm_start_resolver = resolvers.warm_start_model(transformed) if config.warm_start else None
+        trainer = (VertexTokenizingTrainer if vertex_training else TokenizingTrainer)(
+            run_fn=RUN_FN,
+            base_model=warm_start_resolver.outputs[MODEL_KEY] if warm_start_resolver else None,
+            examples=transformed,
+            transform_graph=transform.outputs[TRANSFORM_GRAPH_KEY],
+            schema=schema_gen.outputs[SCHEMA_KEY],
+            tokenizer=tokenizer_gen.outputs[TOKENIZER_KEY],
+            train_args=tfx.proto.TrainArgs(num_steps=config.resolved_train_steps),
+            eval_args=tfx.proto.EvalArgs(num_steps=config.resolved_eval_batches),
+            custom_config={**config.trainer_custom_config(), **(vertex_training or {})},
+            train_steps=runtime.get("train_steps"),
+        ).with_id(TRAINER)
+        model_resolver = resolvers.baseline_model(trainer.outputs[MODEL_KEY])
+        reference_resolver = (resolvers.reference_examples(example_gen, trainer.outputs[MODEL_KEY])
+                              if config.reference_bpb_tolerance is not None and reference_gen is None else None)
+        reference_node = reference_gen or reference_resolver
+        reference = reference_node.outputs[EXAMPLES_KEY] if reference_node else None
+        evaluator = TokenizerAwareEvaluator(
+            examples=examples,
+            model=trainer.outputs[MODEL_KEY],
+            baseline_model=model_resolver.outputs[MODEL_KEY],
+            eval_config=eval_config(config),
+            example_splits=["eval"],
+            max_bits_per_byte=runtime.get("max_bits_per_byte"),
+            max_perplexity=runtime.get("max_perplexity"),
+            reference_examples=reference,
+            reference_bpb_tolerance=config.reference_bpb_tolerance if reference else None,
+        ).with_id(EVALUATOR)
+        infra = (infra_validator(trainer.outputs[MODEL_KEY], example_gen.outputs[EXAMPLES_KEY], config.model_name)
+                 if infra_validation else None)
+        pusher = AtomicPusher(
+            model=trainer.outputs[MODEL_KEY],
+            model_blessing=evaluator.outputs[BLESSING_KEY],
+            infra_blessing=infra.outputs[BLESSING_KEY] if infra else None,
+            push_destination=tfx.proto.PushDestination(
+                filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)),
+        ).with_id(PUSHER)
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,
-        components=[example_gen, statistics_gen, schema_gen, example_validator,
+        components=[example_gen, *checks,
                     *([span_window] if span_window else []),
                     *([tokenizer_resolver] if tokenizer_resolver else []), tokenizer_gen, transform,
-                    *([warm_start_resolver] if warm_start_resolver else []), trainer,
-                    model_resolver, evaluator, *([infra] if infra else []), pusher],
+                    *([text_schema] if text_schema else []), *([statistics_resolver] if statistics_resolver else []),
+                    data_checks, *([warm_start_resolver] if warm_start_resolver else []), trainer,
+                    model_resolver, *([reference_resolver] if reference_resolver else []),
+                    *([reference_gen] if reference_gen else []), evaluator,
+                    *([infra] if infra else []), pusher],
         enable_cache=enable_cache,
         metadata_connection_config=metadata_connection_config,
         beam_pipeline_args=list(beam_pipeline_args),

@@ -13,7 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from deepseek_tfx.components import mlmd
+from deepseek_tfx.components import mlmd, model_gate
 from deepseek_tfx.components.mlmd import (
     BLESSED_PROPERTY,
     BLESSING_KEY,
@@ -29,7 +29,15 @@ from deepseek_tfx.components.mlmd import (
     prop,
     single,
 )
-from deepseek_tfx.pipeline.config import EVALUATOR, EXAMPLE_GEN, INFRA_VALIDATOR, PUSHER, TRAINER, TRANSFORM
+from deepseek_tfx.pipeline.config import (
+    DATA_CHECKS,
+    EVALUATOR,
+    EXAMPLE_GEN,
+    INFRA_VALIDATOR,
+    PUSHER,
+    TRAINER,
+    TRANSFORM,
+)
 from deepseek_tfx.trainer_module.config import SUMMARY_FILE
 
 def _read_json(path: str) -> dict | None:
@@ -39,13 +47,14 @@ def _read_json(path: str) -> dict | None:
         return json.load(f)
 
 
-def evaluation_metrics(evaluation_uri: str) -> dict[str, float]:
-    """Overall-slice metrics of the candidate model from an Evaluator output."""
+def evaluation_metrics(evaluation_uri: str, source: str | None = None) -> dict[str, float]:
+    """The candidate's metrics on one eval set's slice (model_gate.NEW / REFERENCE; None: the overall slice)."""
     import tensorflow_model_analysis as tfma  # noqa: PLC0415  (heavy; only when reporting)
 
+    wanted = () if source is None else ((model_gate.SOURCE, source.encode()),)
     metrics: dict[str, float] = {}
     for per_slice in tfma.load_metrics(evaluation_uri):
-        if per_slice.slice_key.single_slice_keys:
+        if tuple((k.column, k.bytes_value) for k in per_slice.slice_key.single_slice_keys) != wanted:
             continue
         for kv in per_slice.metric_keys_and_values:
             if kv.key.model_name in ("", "candidate") and not kv.key.is_diff:
@@ -59,15 +68,17 @@ def failed_bounds(evaluation_uri: str) -> list[str]:
 
     reasons = []
     for per_slice in tfma.load_validation_result(evaluation_uri).metric_validations_per_slice:
+        values = {k.bytes_value.decode() for k in per_slice.slice_key.single_slice_keys}
+        on = " on the reference eval set" if model_gate.REFERENCE in values else ""
         for failure in per_slice.failures:
             name, value = failure.metric_key.name, failure.metric_value.double_value.value
             threshold = failure.metric_threshold
             if threshold.HasField("change_threshold"):
                 tolerance = threshold.change_threshold.absolute.value
-                reasons.append(f"{name} {value:+.4f} against the last blessed model (tolerance {tolerance:g})")
+                reasons.append(f"{name} {value:+.4f} against the last blessed model{on} (tolerance {tolerance:g})")
             else:
                 bound = threshold.value_threshold.upper_bound.value
-                reasons.append(f"{name} {value:.4f} above the bound {bound:g}")
+                reasons.append(f"{name} {value:.4f} above the bound {bound:g}{on}")
     return reasons
 
 
@@ -82,8 +93,8 @@ def transformed_token_count(post_transform_stats_uri: str) -> int | None:
         stats = statistics_pb2.DatasetFeatureStatisticsList.FromString(f.read())
     for dataset in stats.datasets:
         for feature in dataset.features:
-            if list(feature.path.step) == ["token_ids"]:
-                return int(feature.num_stats.common_stats.tot_num_values)
+            if list(feature.path.step) == ["token_ids"]:  # categorical (preprocessing.stats_options_updater_fn)
+                return int(getattr(feature, feature.WhichOneof("stats")).common_stats.tot_num_values)
     return None
 
 
@@ -109,6 +120,10 @@ def run_summary(store, pipeline_name: str, run_id: str | None = None) -> dict[st
                         POST_TRANSFORM_STATS_KEY)
     if post_stats is not None:
         summary["corpus_tokens"] = transformed_token_count(post_stats.uri)
+    checks = single(mlmd.latest_outputs(store, pipeline_name, DATA_CHECKS, run_id), "anomalies")
+    if checks is not None:
+        summary["data_checks_passed"] = bool(prop(checks, "passed", 0))
+        summary["data_checks_failed"] = json.loads(prop(checks, "reasons", "[]"))
     model_run = single(mlmd.latest_outputs(store, pipeline_name, TRAINER, run_id), MODEL_RUN_KEY)
     training = _read_json(os.path.join(model_run.uri, SUMMARY_FILE)) if model_run else None
     if training:
@@ -120,10 +135,16 @@ def run_summary(store, pipeline_name: str, run_id: str | None = None) -> dict[st
     evaluator = mlmd.latest_outputs(store, pipeline_name, EVALUATOR, run_id)
     evaluation, blessing = single(evaluator, EVALUATION_KEY), single(evaluator, BLESSING_KEY)
     if evaluation is not None:
-        metrics = evaluation_metrics(evaluation.uri)
+        metrics = evaluation_metrics(evaluation.uri, model_gate.NEW) or evaluation_metrics(evaluation.uri)
         summary.update(eval_perplexity=metrics.get("perplexity"),
                        eval_bits_per_byte=metrics.get("bits_per_byte"),
                        eval_examples=metrics.get("example_count"))
+        reference = evaluation_metrics(evaluation.uri, model_gate.REFERENCE)
+        if reference:
+            summary.update(reference_bits_per_byte=reference.get("bits_per_byte"),
+                           reference_baseline_bits_per_byte=prop(
+                               evaluation, f"{model_gate.REFERENCE}_baseline_bits_per_byte"),
+                           reference_examples=reference.get("example_count"))
     if blessing is not None:
         summary["blessed"] = bool(prop(blessing, BLESSED_PROPERTY, 0))
         if not summary["blessed"] and evaluation is not None:
@@ -163,9 +184,16 @@ def format_summary(summary: dict) -> str:
         f"  training:      {num('train_steps')} steps, {num('parameters')} parameters, "
         f"{num('train_tokens_per_second', '{:,.0f}')} tokens/s (MFU {num('train_mfu', '{:.1%}')}), "
         f"last loss {num('final_train_loss', '{:.4f}')}; {summary.get('warm_start') or 'n/a'}",
+        "  data checks:   " + ("n/a" if "data_checks_passed" not in summary else "passed"
+                                 if summary["data_checks_passed"] else
+                                 "FAILED, nothing trained or pushed: " + "; ".join(summary["data_checks_failed"])),
         f"  evaluation:    perplexity {num('eval_perplexity', '{:.3f}')}, bits per byte "
         f"{num('eval_bits_per_byte', '{:.4f}')} on {num('eval_examples', '{:,.0f}')} eval examples",
-        f"  blessed:       {'yes' if summary.get('blessed') else 'no'}"
+        *([f"  reference:     bits per byte {num('reference_bits_per_byte', '{:.4f}')} (last blessed model: "
+           f"{num('reference_baseline_bits_per_byte', '{:.4f}')}) on {num('reference_examples', '{:,.0f}')} "
+           "examples of the reference eval set"] if "reference_bits_per_byte" in summary else []),
+        "  blessed:       " + ("n/a (not evaluated)" if "blessed" not in summary
+                                 else "yes" if summary["blessed"] else "no")
         + (f" ({'; '.join(summary['not_blessed_because'])})" if summary.get("not_blessed_because") else ""),
     ]
     if summary.get("config"):
@@ -180,11 +208,16 @@ def format_summary(summary: dict) -> str:
             removed = ", ".join(map(str, summary["removed_versions"])) or "none"
             keep = summary["keep_versions"] or "all"
             lines.append(f"  retention:     keep {keep} pushed versions; removed {removed}")
+    elif summary.get("data_checks_passed") is False:
+        lines.append("  pushed model:  none (the data checks failed)")
     elif summary.get("blessed") and summary.get("infra_validated") is False:
         lines.append("  pushed model:  none (InfraValidator: TF Serving did not load the model or answer its "
                      "requests; its log is in the InfraValidator's execution)")
     else:
         lines.append("  pushed model:  none (not blessed)")
+    if "schema" in summary:
+        lines.append("  schema:        " + (f"frozen in {summary['schema']}" + (" by this run" if summary.get(
+            "schema_frozen_now") else "") if summary["schema"] else "inferred from this run's data (not frozen)"))
     lines.append(f"  ML Metadata:   {summary.get('metadata')}")
     return "\n".join(lines)
 

@@ -1,12 +1,13 @@
 """One source of configuration: the dataclasses' defaults, then a preset, a file and ``--set`` assignments.
 
-A config file (YAML or JSON) has up to five sections, each a mapping of one dataclass's fields:
+A config file (YAML or JSON) has up to six sections, each a mapping of one dataclass's fields:
 
     pipeline:   PipelineConfig   (data, gate, retention; ``preset`` picks the model and training recipe)
     model:      ModelConfig      (changes to the preset's model)
     train:      TrainConfig      (changes to the preset's training recipe)
     tokenizer:  TokenizerConfig
     serving:    ServingConfig    (the exported signatures' request limits)
+    data_checks: DataChecksConfig (what stops a bad new span before training)
 
 ``--set SECTION.FIELD=VALUE`` changes one field after the file. Values are parsed by the field's type
 (``1e-3`` for a float, ``true``/``false`` for a bool, ``none`` for an optional field); an unknown section or
@@ -28,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from deepseek_tfx.pipeline.config import PipelineConfig
+from deepseek_tfx.pipeline.config import DataChecksConfig, PipelineConfig
 from deepseek_tfx.trainer_module.config import (
     ConfigError,
     ModelConfig,
@@ -39,8 +40,9 @@ from deepseek_tfx.trainer_module.config import (
 )
 
 SECTIONS: dict[str, type] = {"pipeline": PipelineConfig, "model": ModelConfig, "train": TrainConfig,
-                             "tokenizer": TokenizerConfig, "serving": ServingConfig}
-_NESTED = {"model", "train", "tokenizer", "serving"}  # PipelineConfig fields that are sections of their own
+                             "tokenizer": TokenizerConfig, "serving": ServingConfig,
+                             "data_checks": DataChecksConfig}
+_NESTED = {"model", "train", "tokenizer", "serving", "data_checks"}  # PipelineConfig fields with sections of their own
 
 
 def fields(section: str) -> dict[str, dataclasses.Field]:
@@ -166,6 +168,8 @@ def build(sections: Mapping[str, Mapping[str, Any]]) -> PipelineConfig:
         nested["tokenizer"] = TokenizerConfig(**sections["tokenizer"])
     if sections.get("serving"):
         nested["serving"] = ServingConfig.from_dict(sections["serving"])
+    if sections.get("data_checks"):
+        nested["data_checks"] = DataChecksConfig.from_dict(sections["data_checks"])
     return PipelineConfig(**pipeline, **nested)
 
 
@@ -184,7 +188,8 @@ def effective(config: PipelineConfig) -> dict[str, dict[str, Any]]:
     """Every field of every section as ``config`` resolves it (the preset's model and recipe included)."""
     pipeline = {name: getattr(config, name) for name in fields("pipeline")}
     return {"pipeline": pipeline, "model": config.resolved_model.to_dict(), "train": config.resolved_train.to_dict(),
-            "tokenizer": config.tokenizer.to_dict(), "serving": config.serving.to_dict()}
+            "tokenizer": config.tokenizer.to_dict(), "serving": config.serving.to_dict(),
+            "data_checks": config.data_checks.to_dict()}
 
 
 def changes(config: PipelineConfig) -> list[str]:
@@ -192,7 +197,8 @@ def changes(config: PipelineConfig) -> list[str]:
     preset = get_preset(config.preset)
     baseline = {"pipeline": {name: default("pipeline", name) for name in fields("pipeline")},
                 "model": preset.model.to_dict(), "train": preset.train.to_dict(),
-                "tokenizer": TokenizerConfig().to_dict(), "serving": ServingConfig().to_dict()}
+                "tokenizer": TokenizerConfig().to_dict(), "serving": ServingConfig().to_dict(),
+                "data_checks": DataChecksConfig().to_dict()}
     return [f"{section}.{name}={json.dumps(value)}"
             for section, values in effective(config).items() for name, value in values.items()
             if value != baseline[section][name]]

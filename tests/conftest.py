@@ -22,6 +22,12 @@ def shakespeare() -> pathlib.Path:
     return shared_file(SHAKESPEARE)
 
 
+@pytest.fixture(scope="session")
+def lunyu() -> pathlib.Path:
+    """65 KB of real Chinese text (the Analects), read from ../shared."""
+    return shared_file(LUNYU)
+
+
 def shared_file(path: pathlib.Path) -> pathlib.Path:
     """``path`` under ../shared; a missing file skips the test, or fails it when ``CI`` is set."""
     if not path.exists():

@@ -10,7 +10,7 @@ from deepseek_tfx.pipeline import cli, report
 
 COMMANDS = {"run": "--corpus", "retrain": "--last-spans", "compile": "--engine", "submit": "--package",
             "lineage": "--metadata", "generate": "--server", "serve-config": "--pin",
-            "config": "--set"}  # each with an option of its own
+            "config": "--set", "schema": "--metadata"}  # each with an option of its own
 
 
 def test_the_command_list_is_complete():
@@ -29,6 +29,16 @@ def test_every_command_has_help(argv, capsys):
         assert f"\n  {COMMANDS[argv[0]]}" in out.split("options:", 1)[1]  # its own options, documented
     else:
         assert all(command in out for command in COMMANDS)
+
+
+def test_schema_commands_before_any_push_say_why_they_cannot(tmp_path, capsys):
+    output = str(tmp_path / "out")
+    assert cli.main(["schema", "show", "--output", output]) == 2
+    assert "no frozen schema in" in capsys.readouterr().err
+    assert cli.main(["schema", "freeze", "--output", output]) == 2
+    assert "no model has been pushed yet" in capsys.readouterr().err
+    assert cli.main(["schema", "reset", "--output", output]) == 0
+    assert "no frozen schema in" in capsys.readouterr().out
 
 
 def test_beam_mode_follows_the_corpus_size_and_beam_args_win(tmp_path, monkeypatch):

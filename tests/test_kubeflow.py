@@ -15,7 +15,7 @@ from deepseek_tfx.pipeline.config import PipelineConfig
 
 IMAGE = "us-docker.pkg.dev/p/deepseek/deepseek-tfx:1"
 NODES = {"TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator", "TokenizerGen", "Transform",
-         "Trainer", "Evaluator", "Pusher"}
+         "DataChecks", "Trainer", "Evaluator", "Pusher"}
 
 
 def _compile(tmp_path, engine, **kwargs):
@@ -49,6 +49,9 @@ def _check_spec(spec):
         else:
             assert executor["container"]["image"] == IMAGE
     assert not any("InfraValidator" in t for t in tasks)
+    for task in ("Trainer", "Evaluator", "Pusher"):  # run only when the data checks passed
+        assert "DataChecks" in spec.root.dag.tasks[task].trigger_policy.condition, task
+    assert not spec.root.dag.tasks["DataChecks"].trigger_policy.condition
     assert json.loads(_parameter(spec, "Trainer", "train_args")) == {"num_steps": 7}
     custom = json.loads(_parameter(spec, "Trainer", "custom_config"))
     assert custom["preset"] == "tiny" and custom["model"]["d_model"] == 64

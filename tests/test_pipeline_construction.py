@@ -11,19 +11,22 @@ from deepseek_tfx.trainer_module.config import get_preset
 from deepseek_tfx.pipeline.pipeline import create_pipeline
 
 
-def build(tmp_path, **config):
+def build(tmp_path, frozen_schema_dir=None, eval_corpus=None, **config):
     return create_pipeline(
         pipeline_name="p", pipeline_root=str(tmp_path / "root"), corpus_base="/data",
         corpus_pattern="span-{SPAN}/*", serving_model_dir=str(tmp_path / "serving"),
-        config=PipelineConfig(preset="tiny", **config), beam_pipeline_args=["--direct_num_workers=2"])
+        config=PipelineConfig(preset="tiny", **config), beam_pipeline_args=["--direct_num_workers=2"],
+        frozen_schema_dir=frozen_schema_dir, eval_corpus=eval_corpus)
 
 
 def test_components_and_wiring(tmp_path):
     pipeline = build(tmp_path, train_steps=5, max_perplexity=50.0)
     nodes = {c.id: c for c in pipeline.components}
     assert set(nodes) == {"TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator",
-                          "blessed_model_tokenizer_resolver", "TokenizerGen", "Transform", "Trainer",
-                          "warm_start_model_resolver", "latest_blessed_model_resolver", "Evaluator", "Pusher"}
+                          "blessed_model_tokenizer_resolver", "TokenizerGen", "Transform",
+                          "blessed_data_statistics_resolver", "DataChecks", "Trainer",
+                          "warm_start_model_resolver", "latest_blessed_model_resolver", "reference_examples_resolver",
+                          "Evaluator", "Pusher"}
     examples = nodes["TextExampleGen"].outputs["examples"]
     assert nodes["StatisticsGen"].inputs["examples"] is examples
     assert nodes["Transform"].inputs["examples"] is examples
@@ -43,8 +46,42 @@ def test_components_and_wiring(tmp_path):
     assert nodes["Trainer"].inputs["base_model"] is nodes["warm_start_model_resolver"].outputs["model"]
     transformed = nodes["Transform"].outputs["transformed_examples"]
     assert nodes["warm_start_model_resolver"].raw_inputs["examples"] is transformed
+    post_stats = nodes["Transform"].outputs["post_transform_stats"]
+    assert nodes["DataChecks"].inputs["statistics"] is post_stats
+    assert nodes["DataChecks"].inputs["raw_anomalies"] is nodes["ExampleValidator"].outputs["anomalies"]
+    assert nodes["DataChecks"].inputs["baseline_statistics"] is \
+        nodes["blessed_data_statistics_resolver"].outputs["baseline_statistics"]
+    assert "text_schema" not in nodes["DataChecks"].inputs  # nothing frozen yet
+    # the Trainer and all after it run only when the data checks passed
+    assert nodes["Evaluator"].inputs["reference_examples"] is nodes["reference_examples_resolver"].outputs["examples"]
+    assert nodes["Evaluator"].exec_properties["reference_bpb_tolerance"] == 0.05
+    for node in ("Trainer", "warm_start_model_resolver", "latest_blessed_model_resolver", "reference_examples_resolver",
+                 "Evaluator", "Pusher"):
+        assert nodes["DataChecks"].outputs["anomalies"] in _condition_channels(pipeline, nodes[node]), node
+    for node in ("TokenizerGen", "Transform", "DataChecks"):
+        assert not _condition_channels(pipeline, nodes[node]), node
     assert pipeline.enable_cache
     assert pipeline.beam_pipeline_args == ["--direct_num_workers=2"]
+
+
+def _condition_channels(pipeline, node):
+    """The channels that the TFX conditionals around ``node`` read."""
+    from tfx.dsl.experimental.conditionals import conditional
+    from tfx.types.channel import ChannelWrappedPlaceholder
+
+    return [p.channel for predicate in conditional.get_predicates(node, pipeline.dsl_context_registry)
+            for p in predicate.traverse() if isinstance(p, ChannelWrappedPlaceholder)]
+
+
+def test_a_frozen_schema_is_imported(tmp_path):
+    nodes = {c.id: c for c in build(tmp_path, frozen_schema_dir="gs://bucket/schema").components}
+    assert nodes["ImportSchemaGen"].exec_properties["schema_file"] == "gs://bucket/schema/schema.pbtxt"
+    assert nodes["ImportTextSchemaGen"].exec_properties["schema_file"] == "gs://bucket/schema/text_schema.pbtxt"
+    assert nodes["ExampleValidator"].inputs["schema"] is nodes["ImportSchemaGen"].outputs["schema"]
+    # parsing keeps SchemaGen's schema of the same data, so a rerun right after the freeze stays cached
+    assert nodes["Transform"].inputs["schema"] is nodes["SchemaGen"].outputs["schema"]
+    assert nodes["Trainer"].inputs["schema"] is nodes["SchemaGen"].outputs["schema"]
+    assert nodes["DataChecks"].inputs["text_schema"] is nodes["ImportTextSchemaGen"].outputs["schema"]
 
 
 def test_component_parameters_follow_the_config(tmp_path):
@@ -110,3 +147,16 @@ def test_last_spans_does_not_compile_for_kubeflow(tmp_path):
                         config=PipelineConfig(preset="tiny", last_spans=2), portable_resolvers=True)
     with pytest.raises(ConfigError, match=r"PipelineConfig.last_spans: must be >= 1, got 0"):
         PipelineConfig(last_spans=0)
+
+
+def test_an_eval_corpus_is_the_reference_eval_set(tmp_path):
+    nodes = {c.id: c for c in build(tmp_path, eval_corpus=("/reference", "*.txt")).components}
+    assert "reference_examples_resolver" not in nodes
+    reference = nodes["ReferenceExampleGen"]
+    assert reference.exec_properties["input_base"] == "/reference"
+    assert json.loads(reference.exec_properties["input_config"])["splits"] == [{"name": "eval", "pattern": "*.txt"}]
+    assert "split_config" not in json.loads(reference.exec_properties["output_config"])  # one split: all of it
+    assert nodes["Evaluator"].inputs["reference_examples"] is reference.outputs["examples"]
+    # no tolerance, no reference check
+    nodes = {c.id: c for c in build(tmp_path, eval_corpus=("/reference", "*"), reference_bpb_tolerance=None).components}
+    assert "ReferenceExampleGen" not in nodes and "reference_examples" not in nodes["Evaluator"].inputs

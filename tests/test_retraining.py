@@ -1,10 +1,12 @@
 """Retraining on new spans through `deepseek-tfx retrain`, checked through ML Metadata.
 
-span 1 -> version 1 pushed; span 2 with `--last-spans 2` -> trained on spans 1 and 2, the blessed tokenizer
-reused, warm-started from version 1, compared with it, pushed as version 2; the same command again -> nothing
-re-executes; a new tokenizer with a one-step model ->
-compared on bits per byte and refused; a garbage span 3 -> refused, version 2 stays served; `lineage` names
-the span of each pushed version.
+span 1 -> version 1 pushed, the schema frozen; span 2 with `--last-spans 2` -> trained on spans 1 and 2, the
+blessed tokenizer reused, warm-started from version 1, compared with it (also on span 1's eval split, the
+reference), pushed as version 2; the same command again -> nothing re-executes; a new tokenizer with a one-step
+model -> compared on bits per byte and refused; bad spans 3 -> random bytes and Chinese text stopped by the data
+checks before training, garbage refused by the absolute bound, repetitive spam (better on its own eval split)
+refused on the reference eval set; version 2 stays served throughout; `lineage` names the span of each pushed
+version.
 """
 
 import collections
@@ -15,7 +17,7 @@ import pytest
 import tensorflow_model_analysis as tfma
 from ml_metadata.proto import metadata_store_pb2
 
-from deepseek_tfx.components import mlmd
+from deepseek_tfx.components import data_checks, mlmd
 from deepseek_tfx.pipeline import cli, local_runner, report
 from deepseek_tfx.pipeline.config import PIPELINE_NAME, PipelineConfig
 
@@ -24,8 +26,8 @@ pytestmark = pytest.mark.slow
 OPTIONS = ["--preset", "tiny", "--train-steps", "20", "--vocab-size", "400", "--max-bits-per-byte", "6.0"]
 
 
-def _retrain(corpus, output, *extra):
-    assert cli.main(["retrain", "--corpus", str(corpus), "--output", str(output), *OPTIONS, *extra]) == 0
+def _retrain(corpus, output, *extra, exit_code=0):
+    assert cli.main(["retrain", "--corpus", str(corpus), "--output", str(output), *OPTIONS, *extra]) == exit_code
     store = mlmd.open_store(local_runner.sqlite_connection(str(output / "metadata.sqlite")))
     return store, report.run_summary(store, PIPELINE_NAME)
 
@@ -55,7 +57,7 @@ def _failed(evaluation_uri):
             for s in tfma.load_validation_result(evaluation_uri).metric_validations_per_slice for f in s.failures}
 
 
-def test_retrain_on_new_spans(tmp_path, shakespeare, capsys):
+def test_retrain_on_new_spans(tmp_path, shakespeare, lunyu, capsys):
     text = shakespeare.read_bytes()
     corpus, output = tmp_path / "corpus", tmp_path / "out"
     serving = output / "serving_model" / "deepseek"
@@ -63,6 +65,7 @@ def test_retrain_on_new_spans(tmp_path, shakespeare, capsys):
     (corpus / "span-1" / "part.txt").write_bytes(text[:80_000])
 
     store, first = _retrain(corpus, output)
+    assert (output / "schema" / "schema.pbtxt").exists() and (output / "schema" / "text_schema.pbtxt").exists()
     learned = _latest(store, "TokenizerGen", "tokenizer")
     assert first["span"] == 1 and first["blessed"] and first["warm_start"] == "no base model"
     assert "reused_from_artifact_id" not in learned.custom_properties
@@ -81,6 +84,15 @@ def test_retrain_on_new_spans(tmp_path, shakespeare, capsys):
     assert mlmd.prop(reused, "reused_from_artifact_id") == learned.id
     assert second["warm_start"] == f"warm-started from {v1_model.uri}/Format-Serving"
     assert mlmd.prop(_latest(store, "Evaluator", "evaluation"), "compared_by") == "Perplexity"
+    # from now on the frozen schema is imported, and the new data is checked against the first run's
+    assert _inputs(store, "ExampleValidator", "schema")[0].uri.startswith(
+        str(output / "pipeline_root" / "ImportSchemaGen"))
+    assert _inputs(store, "DataChecks", "text_schema")[0].uri.startswith(
+        str(output / "pipeline_root" / "ImportTextSchemaGen"))
+    first_statistics = mlmd.latest_outputs(store, PIPELINE_NAME, "Transform", first["run_id"])["post_transform_stats"]
+    assert [a.id for a in _inputs(store, "DataChecks", "baseline_statistics")] == [first_statistics[0].id]
+    assert [a.uri for a in _inputs(store, "Evaluator", "reference_examples")] == [first["examples_uri"]]
+    assert second["reference_bits_per_byte"] is not None and second["data_checks_passed"]
     assert second["blessed"] and int(second["pushed_version"]) > int(v1)
     assert sorted(os.listdir(serving)) == sorted([v1, second["pushed_version"]])
     v2 = second["pushed_version"]
@@ -89,11 +101,11 @@ def test_retrain_on_new_spans(tmp_path, shakespeare, capsys):
     store, _ = _retrain(corpus, output, "--last-spans", "2")  # no new span
     new = {(node, state) for node, state, _ in _states(store) - before}
     resolvers = {"span_window_resolver", "blessed_model_tokenizer_resolver", "warm_start_model_resolver",
-                 "latest_blessed_model_resolver"}
+                 "latest_blessed_model_resolver", "blessed_data_statistics_resolver", "reference_examples_resolver"}
     assert {node for node, state in new if state != metadata_store_pb2.Execution.CACHED} <= resolvers
     # Exactly one new execution of every node: the components cached, the resolvers (MLMD queries) complete.
-    components = ("TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator", "TokenizerGen", "Transform",
-                  "Trainer", "Evaluator", "Pusher")
+    components = ("TextExampleGen", "StatisticsGen", "SchemaGen", "ImportSchemaGen", "ImportTextSchemaGen",
+                  "ExampleValidator", "TokenizerGen", "Transform", "DataChecks", "Trainer", "Evaluator", "Pusher")
     assert collections.Counter((node, state) for node, state, _ in _states(store) - before) == collections.Counter(
         {**{(node, metadata_store_pb2.Execution.CACHED): 1 for node in components},
          **{(node, metadata_store_pb2.Execution.COMPLETE): 1 for node in resolvers}})
@@ -109,16 +121,61 @@ def test_retrain_on_new_spans(tmp_path, shakespeare, capsys):
     assert retrained["blessed"] is False and _failed(evaluation.uri) == {("bits_per_byte", True)}
     assert sorted(os.listdir(serving)) == sorted([v1, v2])
 
-    # Garbage: uniformly random printable characters carry log2(95) = 6.6 bits per character, above the bound.
+    def span_3(data: bytes, *extra, exit_code=0):
+        (corpus / "span-3").mkdir(exist_ok=True)
+        (corpus / "span-3" / "part.txt").write_bytes(data)
+        store, summary = _retrain(corpus, output, *extra, exit_code=exit_code)
+        assert summary["span"] == 3 and "pushed_model_path" not in summary
+        assert sorted(os.listdir(serving)) == sorted([v1, v2])
+        return store, summary
+
+    # Bad data is stopped before training, each reason named: random bytes (ExampleGen replaces the invalid UTF-8
+    # with U+FFFD), and text in another script (its tokens are byte-fallback pieces the blessed data hardly had).
     rng = random.Random(0)
+    byte_values = [b for b in range(1, 256) if b not in b"\r\n"]
+    random_bytes = b"\n\n".join(bytes(rng.choice(byte_values) for _ in range(200)) for _ in range(300))
+    for data, expected in ((random_bytes, {"replacement_chars", "token_ids"}),
+                           (lunyu.read_bytes()[:60_000].decode("utf-8", "ignore").encode(), {"token_ids"})):
+        trainers = len(mlmd.node_executions(store, PIPELINE_NAME, "Trainer"))
+        store, stopped = span_3(data, exit_code=1)
+        assert stopped["data_checks_passed"] is False and "blessed" not in stopped
+        assert {reason.split(":")[0] for reason in stopped["data_checks_failed"]} == expected, stopped
+        assert len(mlmd.node_executions(store, PIPELINE_NAME, "Trainer")) == trainers  # nothing trained
+        assert "FAILED, nothing trained or pushed" in report.format_summary(stopped)
+
+    # Garbage past the data checks (drift off): uniformly random printable characters carry log2(95) = 6.6 bits
+    # per character, above the bound.
     alphabet = [chr(c) for c in range(32, 127)]
     garbage = "\n\n".join("".join(rng.choice(alphabet) for _ in range(300)) for _ in range(260))
-    (corpus / "span-3").mkdir()
-    (corpus / "span-3" / "part.txt").write_text(garbage)
-    store, third = _retrain(corpus, output)
-    assert third["span"] == 3 and third["blessed"] is False and "pushed_model_path" not in third
-    assert third["eval_bits_per_byte"] > 6.0
-    assert sorted(os.listdir(serving)) == sorted([v1, v2])
+    store, third = span_3(garbage.encode(), "--set", "data_checks.max_token_drift=none")
+    assert third["blessed"] is False and third["eval_bits_per_byte"] > 6.0
+
+    # Repetitive spam past the data checks: its model is better on the spam's own eval split, but worse on the
+    # reference eval set (span 1's eval split) than version 2 by more than the tolerance: not blessed.
+    spam = ["Buy cheap watches now, limited offer!", "Click here to win a free cruise today.",
+            "Lose ten pounds in ten days with this one trick.", "Your account has won a prize, reply now."]
+    store, spammed = span_3("\n\n".join(" ".join(rng.choice(spam) for _ in range(3)) for _ in range(600)).encode(),
+                            "--set", "data_checks.max_token_drift=none")
+    evaluation = _latest(store, "Evaluator", "evaluation")
+    assert spammed["blessed"] is False and spammed["eval_bits_per_byte"] < 6.0
+    assert _failed(evaluation.uri) == {("bits_per_byte", True)}
+    assert [r for r in spammed["not_blessed_because"] if "on the reference eval set" in r], spammed
+    assert mlmd.prop(evaluation, "reference_candidate_bits_per_byte") > \
+        mlmd.prop(evaluation, "reference_baseline_bits_per_byte") + 0.05
+    assert mlmd.prop(evaluation, "new_candidate_bits_per_byte") < mlmd.prop(evaluation, "new_baseline_bits_per_byte")
+
+    # the frozen schema on demand: shown, reset (runs infer again), frozen again from the latest pushed model's run
+    capsys.readouterr()
+    assert cli.main(["schema", "show", "--output", str(output)]) == 0
+    shown = capsys.readouterr().out
+    assert 'name: "text"' in shown and 'name: "token_ids"' in shown and "value_count" in shown
+    assert cli.main(["schema", "reset", "--output", str(output)]) == 0
+    assert not (output / "schema" / "text_schema.pbtxt").exists()
+    assert cli.main(["schema", "freeze", "--output", str(output)]) == 0
+    pushed_model = mlmd.producer_inputs(store, [mlmd.latest_pushed_model(store)], "model")[0]  # version 2's
+    expected = data_checks.text_constraints(
+        data_checks.load_statistics(mlmd.training_statistics(store, pushed_model)[0].uri), margin=2.0)
+    assert data_checks.read_schema(str(output / "schema"), "text_schema.pbtxt") == expected
 
     capsys.readouterr()
     assert cli.main(["lineage", "--output", str(output)]) == 0

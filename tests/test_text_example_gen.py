@@ -126,3 +126,16 @@ def test_the_split_check_names_the_split_and_the_way_out(tmp_path):
         with pytest.raises(CorpusError, match=rf"left the '{empty}' split empty .* at least about {needed} "
                                               rf"documents .* or {advice} --eval-fraction"):
             text_example_gen._check_splits_not_empty(str(uri), properties, 1)
+
+
+def test_a_reference_eval_corpus_is_read_whole_into_one_eval_split(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    docs = [f"Reference document {i}: " + "dolor sit amet " * (i % 5 + 1) for i in range(50)]
+    (corpus / "a.txt").write_text("\n\n".join(docs) + "\n")
+    component = TextExampleGen(input_base=str(corpus), single_split="eval")
+    examples = standard_artifacts.Examples()
+    examples.uri = str(tmp_path / "examples")
+    Executor().Do({}, {"examples": [examples]}, dict(component.exec_properties))
+    assert sorted(d for d in os.listdir(examples.uri) if d.startswith("Split-")) == ["Split-eval"]
+    assert sorted(read_texts(examples.uri, "eval")) == sorted(docs)

@@ -23,7 +23,7 @@ from deepseek_tfx.pipeline import local_runner
 from deepseek_tfx.pipeline.config import PIPELINE_NAME
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-NODES = ("TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator", "TokenizerGen", "Transform",
+NODES = ("TextExampleGen", "StatisticsGen", "SchemaGen", "ExampleValidator", "TokenizerGen", "Transform", "DataChecks",
          "Trainer", "Evaluator", "Pusher")
 
 
