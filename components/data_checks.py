@@ -18,9 +18,11 @@ about to be trained on and fails the check, with each reason named, when:
   components.baseline_resolver.BlessedDataStatisticsStrategy).
 
 Its output, an ExampleAnomalies artifact, holds the TFDV Anomalies and the
-custom properties ``passed`` (1 or 0) and ``reasons`` (a JSON list); the
-pipeline runs the Trainer and everything after it only when ``passed`` is 1
-(a TFX conditional), so a failed check pushes nothing.
+custom properties ``passed`` and ``reasons`` (a JSON list). When a check fails,
+the execution fails with DataChecksFailedError naming every reason (the anomalies
+are still written to the output's directory): the Trainer runs after DataChecks
+(an upstream dependency, not an input, so a rerun's Trainer stays cached when
+only the checks ran again), so a failed check trains and pushes nothing.
 """
 
 from __future__ import annotations
@@ -53,6 +55,29 @@ TOKEN_IDS, NUM_BYTES, NUM_CHARS, REPLACEMENT_CHARS = "token_ids", "num_bytes", "
 
 class DataCheckError(ValueError):
     """The data checks cannot be made (missing statistics, a bad frozen schema); the message says which."""
+
+
+class DataChecksFailedError(RuntimeError):
+    """The data failed the checks; ``reasons`` names each failure."""
+
+    PREFIX = "the data checks failed, so nothing was trained or pushed: "
+
+    def __init__(self, reasons: list[str]):
+        super().__init__(self.PREFIX + "; ".join(reasons))
+        self.reasons = list(reasons)
+
+    @classmethod
+    def reasons_in(cls, error: BaseException) -> list[str] | None:
+        """The reasons of a DataChecksFailedError in ``error``'s chain (None when there is none)."""
+        seen = set()
+        while error is not None and id(error) not in seen:
+            seen.add(id(error))
+            if isinstance(error, cls):
+                return error.reasons
+            if cls.PREFIX in str(error):  # re-raised by the orchestrator as another type
+                return str(error).split(cls.PREFIX, 1)[1].strip().splitlines()[0].split("; ")
+            error = error.__cause__ or error.__context__
+        return None
 
 
 def load_statistics(uri: str):
@@ -142,13 +167,14 @@ def check(statistics, *, max_replacement_share: float | None, max_token_drift: f
     return reasons, anomalies
 
 
-def raw_anomaly_reasons(artifact) -> list[str]:
-    """ExampleValidator's anomalies, one reason per split and feature."""
+def raw_anomaly_reasons(uri: str, split_names: str) -> list[str]:
+    """ExampleValidator's anomalies in an ExampleAnomalies artifact (its ``uri`` and ``split_names`` property),
+    one reason per split and feature."""
     from tensorflow_data_validation.utils import anomalies_util  # noqa: PLC0415
 
     reasons = []
-    for split in artifact_utils.decode_split_names(artifact.split_names):
-        path = os.path.join(artifact_utils.get_split_uri([artifact], split), ANOMALIES_FILE)
+    for split in artifact_utils.decode_split_names(split_names):
+        path = os.path.join(uri, f"Split-{split}", ANOMALIES_FILE)
         if not fileio.exists(path):
             continue
         anomalies = anomalies_util.load_anomalies_binary(path)
@@ -173,7 +199,8 @@ class _Executor(base_executor.BaseExecutor):
         statistics = load_statistics(artifact_utils.get_single_uri(input_dict[STATISTICS_KEY]))
         schemas = input_dict.get(SCHEMA_KEY) or []
         baselines = input_dict.get(BASELINE_STATISTICS_KEY) or []
-        reasons = [r for a in input_dict.get(RAW_ANOMALIES_KEY) or [] for r in raw_anomaly_reasons(a)]
+        reasons = [reason for a in input_dict.get(RAW_ANOMALIES_KEY) or []
+                   for reason in raw_anomaly_reasons(a.uri, a.split_names)]
         text_reasons, anomalies = check(
             statistics, max_replacement_share=checks.get("max_replacement_share"),
             max_token_drift=checks.get("max_token_drift"),
@@ -190,6 +217,8 @@ class _Executor(base_executor.BaseExecutor):
         logging.info("Data checks: %s (frozen ranges: %s; drift compared with %s)",
                      "passed" if not reasons else "FAILED: " + "; ".join(reasons),
                      "yes" if schemas else "not yet frozen", baselines[0].uri if baselines else "nothing")
+        if reasons:
+            raise DataChecksFailedError(reasons)
 
 
 class DataChecksSpec(ComponentSpec):

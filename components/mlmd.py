@@ -121,18 +121,43 @@ def node_executions(store, pipeline_name: str, node_id: str, run_id: str | None 
     return sorted((e for e in executions if e.last_known_state in _DONE), key=lambda e: e.id)
 
 
+def run_executions(store, pipeline_name: str, node_id: str, run_id: str) -> list:
+    """Every execution of one node in run ``run_id``, whatever its state, oldest first."""
+    context = store.get_context_by_type_and_name("node", f"{pipeline_name}.{node_id}")
+    run = store.get_context_by_type_and_name(PIPELINE_RUN_CONTEXT, run_id)
+    if context is None or run is None:
+        return []
+    in_run = {e.id for e in store.get_executions_by_context(run.id)}
+    return sorted((e for e in store.get_executions_by_context(context.id) if e.id in in_run), key=lambda e: e.id)
+
+
+def latest_run_id(store, pipeline_name: str) -> str | None:
+    """The id of the pipeline's newest run (the run of its newest execution), or None."""
+    pipeline = store.get_context_by_type_and_name("pipeline", pipeline_name)
+    if pipeline is None:
+        return None
+    executions = store.get_executions_by_context(pipeline.id)
+    for execution in sorted(executions, key=lambda e: e.id, reverse=True):
+        for context in store.get_contexts_by_execution(execution.id):
+            if store.get_context_types_by_id([context.type_id])[0].name == PIPELINE_RUN_CONTEXT:
+                return context.name
+    return None
+
+
 def _events(store, execution_id: int, outputs: bool) -> list:
     kinds = OUTPUT_EVENTS if outputs else INPUT_EVENTS
     return [e for e in store.get_events_by_execution_ids([execution_id]) if e.type in kinds]
 
 
-def _key(event) -> str:
-    return event.path.steps[0].key if event.path.steps else ""
+def _keys(event) -> list[str]:
+    """The keys an event files its artifact under: several when one artifact went to one execution under several
+    keys (ML Metadata keeps one event per artifact and execution, its path holding each key and index)."""
+    return [step.key for step in event.path.steps if step.HasField("key")] or [""]
 
 
 def artifact_ids(store, execution_id: int, key: str, outputs: bool = False) -> list[int]:
     """Ids of the artifacts an execution took (or, with ``outputs``, produced) under ``key``, in event order."""
-    return [e.artifact_id for e in _events(store, execution_id, outputs) if _key(e) == key]
+    return [e.artifact_id for e in _events(store, execution_id, outputs) if key in _keys(e)]
 
 
 def execution_artifacts(store, execution_id: int, outputs: bool = True) -> dict[str, list]:
@@ -141,7 +166,8 @@ def execution_artifacts(store, execution_id: int, outputs: bool = True) -> dict[
     artifacts = {a.id: a for a in store.get_artifacts_by_id([e.artifact_id for e in events])}
     by_key: dict[str, list] = {}
     for event in events:
-        by_key.setdefault(_key(event), []).append(artifacts[event.artifact_id])
+        for key in _keys(event):
+            by_key.setdefault(key, []).append(artifacts[event.artifact_id])
     return by_key
 
 
@@ -154,7 +180,7 @@ def producer_id(store, artifact_id: int) -> int | None:
 def consumer_ids(store, artifact_id: int, key: str) -> list[int]:
     """Ids of the executions that took the artifact as an input under ``key``, oldest first."""
     return sorted(e.execution_id for e in store.get_events_by_artifact_ids([artifact_id])
-                  if e.type in INPUT_EVENTS and _key(e) == key)
+                  if e.type in INPUT_EVENTS and key in _keys(e))
 
 
 def training_statistics(store, model) -> list:

@@ -7,8 +7,10 @@ corpus -> TextExampleGen -> StatisticsGen -> SchemaGen -> ExampleValidator
 Once the schema is frozen (``frozen_schema_dir``), ExampleValidator checks each
 new span against it (ImportSchemaGen) and a second ImportSchemaGen gives
 DataChecks the frozen text ranges.
-The Trainer and everything after it run only when DataChecks passed (a TFX
-conditional on its output), so a bad span stops the run before training.
+The Trainer runs after DataChecks, which fails on bad data, so a bad span stops
+the run before training. It is an upstream dependency, not an input: when only
+the checks run again (the first run after the schema is frozen), the Trainer
+stays cached.
 
 With ``last_spans`` > 1, TokenizerGen, Transform (so the Trainer) and the
 Evaluator take the Examples of the last N spans (components.span_window)
@@ -374,46 +376,45 @@ def create_pipeline(
                              if statistics_resolver else None),
         raw_anomalies=example_validator.outputs[ANOMALIES_KEY],
     ).with_id(DATA_CHECKS)
-    passed = data_checks.outputs[checks_lib.ANOMALIES_KEY].future()[0].custom_property(checks_lib.PASSED) == 1
-    with tfx.dsl.Cond(passed):  # a span that fails the checks trains, evaluates and pushes nothing
-        warm_start_resolver = resolvers.warm_start_model(transformed) if config.warm_start else None
-        trainer = (VertexTokenizingTrainer if vertex_training else TokenizingTrainer)(
-            run_fn=RUN_FN,
-            base_model=warm_start_resolver.outputs[MODEL_KEY] if warm_start_resolver else None,
-            examples=transformed,
-            transform_graph=transform.outputs[TRANSFORM_GRAPH_KEY],
-            schema=schema_gen.outputs[SCHEMA_KEY],
-            tokenizer=tokenizer_gen.outputs[TOKENIZER_KEY],
-            train_args=tfx.proto.TrainArgs(num_steps=config.resolved_train_steps),
-            eval_args=tfx.proto.EvalArgs(num_steps=config.resolved_eval_batches),
-            custom_config={**config.trainer_custom_config(), **(vertex_training or {})},
-            train_steps=runtime.get("train_steps"),
-        ).with_id(TRAINER)
-        model_resolver = resolvers.baseline_model(trainer.outputs[MODEL_KEY])
-        reference_resolver = (resolvers.reference_examples(example_gen, trainer.outputs[MODEL_KEY])
-                              if config.reference_bpb_tolerance is not None and reference_gen is None else None)
-        reference_node = reference_gen or reference_resolver
-        reference = reference_node.outputs[EXAMPLES_KEY] if reference_node else None
-        evaluator = TokenizerAwareEvaluator(
-            examples=examples,
-            model=trainer.outputs[MODEL_KEY],
-            baseline_model=model_resolver.outputs[MODEL_KEY],
-            eval_config=eval_config(config),
-            example_splits=["eval"],
-            max_bits_per_byte=runtime.get("max_bits_per_byte"),
-            max_perplexity=runtime.get("max_perplexity"),
-            reference_examples=reference,
-            reference_bpb_tolerance=config.reference_bpb_tolerance if reference else None,
-        ).with_id(EVALUATOR)
-        infra = (infra_validator(trainer.outputs[MODEL_KEY], example_gen.outputs[EXAMPLES_KEY], config.model_name)
-                 if infra_validation else None)
-        pusher = AtomicPusher(
-            model=trainer.outputs[MODEL_KEY],
-            model_blessing=evaluator.outputs[BLESSING_KEY],
-            infra_blessing=infra.outputs[BLESSING_KEY] if infra else None,
-            push_destination=tfx.proto.PushDestination(
-                filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)),
-        ).with_id(PUSHER)
+    warm_start_resolver = resolvers.warm_start_model(transformed) if config.warm_start else None
+    trainer = (VertexTokenizingTrainer if vertex_training else TokenizingTrainer)(
+        run_fn=RUN_FN,
+        base_model=warm_start_resolver.outputs[MODEL_KEY] if warm_start_resolver else None,
+        examples=transformed,
+        transform_graph=transform.outputs[TRANSFORM_GRAPH_KEY],
+        schema=schema_gen.outputs[SCHEMA_KEY],
+        tokenizer=tokenizer_gen.outputs[TOKENIZER_KEY],
+        train_args=tfx.proto.TrainArgs(num_steps=config.resolved_train_steps),
+        eval_args=tfx.proto.EvalArgs(num_steps=config.resolved_eval_batches),
+        custom_config={**config.trainer_custom_config(), **(vertex_training or {})},
+        train_steps=runtime.get("train_steps"),
+    ).with_id(TRAINER)
+    trainer.add_upstream_node(data_checks)  # it fails on bad data; an ordering, not an input (module docstring)
+    model_resolver = resolvers.baseline_model(trainer.outputs[MODEL_KEY])
+    reference_resolver = (resolvers.reference_examples(example_gen, trainer.outputs[MODEL_KEY])
+                          if config.reference_bpb_tolerance is not None and reference_gen is None else None)
+    reference_node = reference_gen or reference_resolver
+    reference = reference_node.outputs[EXAMPLES_KEY] if reference_node else None
+    evaluator = TokenizerAwareEvaluator(
+        examples=examples,
+        model=trainer.outputs[MODEL_KEY],
+        baseline_model=model_resolver.outputs[MODEL_KEY],
+        eval_config=eval_config(config),
+        example_splits=["eval"],
+        max_bits_per_byte=runtime.get("max_bits_per_byte"),
+        max_perplexity=runtime.get("max_perplexity"),
+        reference_examples=reference,
+        reference_bpb_tolerance=config.reference_bpb_tolerance if reference else None,
+    ).with_id(EVALUATOR)
+    infra = (infra_validator(trainer.outputs[MODEL_KEY], example_gen.outputs[EXAMPLES_KEY], config.model_name)
+             if infra_validation else None)
+    pusher = AtomicPusher(
+        model=trainer.outputs[MODEL_KEY],
+        model_blessing=evaluator.outputs[BLESSING_KEY],
+        infra_blessing=infra.outputs[BLESSING_KEY] if infra else None,
+        push_destination=tfx.proto.PushDestination(
+            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)),
+    ).with_id(PUSHER)
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,

@@ -52,25 +52,13 @@ def test_components_and_wiring(tmp_path):
     assert nodes["DataChecks"].inputs["baseline_statistics"] is \
         nodes["blessed_data_statistics_resolver"].outputs["baseline_statistics"]
     assert "text_schema" not in nodes["DataChecks"].inputs  # nothing frozen yet
-    # the Trainer and all after it run only when the data checks passed
     assert nodes["Evaluator"].inputs["reference_examples"] is nodes["reference_examples_resolver"].outputs["examples"]
     assert nodes["Evaluator"].exec_properties["reference_bpb_tolerance"] == 0.05
-    for node in ("Trainer", "warm_start_model_resolver", "latest_blessed_model_resolver", "reference_examples_resolver",
-                 "Evaluator", "Pusher"):
-        assert nodes["DataChecks"].outputs["anomalies"] in _condition_channels(pipeline, nodes[node]), node
-    for node in ("TokenizerGen", "Transform", "DataChecks"):
-        assert not _condition_channels(pipeline, nodes[node]), node
+    # the Trainer runs after the data checks (which fail on bad data), without taking their output as an input
+    assert nodes["DataChecks"] in nodes["Trainer"].upstream_nodes
+    assert nodes["DataChecks"].outputs["anomalies"] not in nodes["Trainer"].inputs.values()
     assert pipeline.enable_cache
     assert pipeline.beam_pipeline_args == ["--direct_num_workers=2"]
-
-
-def _condition_channels(pipeline, node):
-    """The channels that the TFX conditionals around ``node`` read."""
-    from tfx.dsl.experimental.conditionals import conditional
-    from tfx.types.channel import ChannelWrappedPlaceholder
-
-    return [p.channel for predicate in conditional.get_predicates(node, pipeline.dsl_context_registry)
-            for p in predicate.traverse() if isinstance(p, ChannelWrappedPlaceholder)]
 
 
 def test_a_frozen_schema_is_imported(tmp_path):

@@ -29,7 +29,7 @@ OPTIONS = ["--preset", "tiny", "--train-steps", "20", "--vocab-size", "400", "--
 def _retrain(corpus, output, *extra, exit_code=0):
     assert cli.main(["retrain", "--corpus", str(corpus), "--output", str(output), *OPTIONS, *extra]) == exit_code
     store = mlmd.open_store(local_runner.sqlite_connection(str(output / "metadata.sqlite")))
-    return store, report.run_summary(store, PIPELINE_NAME)
+    return store, report.run_summary(store, PIPELINE_NAME, mlmd.latest_run_id(store, PIPELINE_NAME))
 
 
 def _latest(store, node, key):
@@ -89,8 +89,8 @@ def test_retrain_on_new_spans(tmp_path, shakespeare, lunyu, capsys):
         str(output / "pipeline_root" / "ImportSchemaGen"))
     assert _inputs(store, "DataChecks", "text_schema")[0].uri.startswith(
         str(output / "pipeline_root" / "ImportTextSchemaGen"))
-    first_statistics = mlmd.latest_outputs(store, PIPELINE_NAME, "Transform", first["run_id"])["post_transform_stats"]
-    assert [a.id for a in _inputs(store, "DataChecks", "baseline_statistics")] == [first_statistics[0].id]
+    assert [a.id for a in _inputs(store, "DataChecks", "baseline_statistics")] == [
+        a.id for a in mlmd.training_statistics(store, v1_model)]
     assert [a.uri for a in _inputs(store, "Evaluator", "reference_examples")] == [first["examples_uri"]]
     assert second["reference_bits_per_byte"] is not None and second["data_checks_passed"]
     assert second["blessed"] and int(second["pushed_version"]) > int(v1)
