@@ -27,6 +27,7 @@ setup(
         "dill",
         "kfp-pipeline-spec",  # KubeflowV2DagRunner (compile for Vertex AI / Kubeflow)
         "pymysql",  # the run lock on a shared MySQL ML Metadata store
+        "matplotlib",  # the run report's figures
     ],
     extras_require={"test": ["pytest"], "lint": ["ruff"]},
     entry_points={"console_scripts": ["deepseek-tfx=deepseek_tfx.pipeline.cli:main"]},

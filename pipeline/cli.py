@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
@@ -121,6 +122,17 @@ def _build_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt", nargs="+", help="one or more prompts")
     generate.set_defaults(func=_cmd_generate)
 
+    report_cmd = sub.add_parser(
+        "report", help="write the HTML report of a run",
+        description="Write OUTPUT/reports/<run id>.html for a run (default: the latest): the DAG, the data, the "
+                    "tokenizer, training curves, the evaluation and the gate's decision, the pushed versions, and "
+                    "sample generations. run and retrain write it after every run.")
+    _add_output_arg(report_cmd, "output directory of the runs")
+    report_cmd.add_argument("--run", metavar="ID", help="the run id (default: the latest run)")
+    report_cmd.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
+                            help="ML Metadata store (as for run)")
+    report_cmd.set_defaults(func=_cmd_report)
+
     schema = sub.add_parser(
         "schema", help="show, freeze or reset the pipeline's frozen schema",
         description="The first run that pushes a model freezes its schema and the text ranges of the data checks "
@@ -210,6 +222,9 @@ def _add_local_args(parser) -> None:
     parser.add_argument("--wait", action="store_true",
                         help="when another run holds the output directory, wait for it to end (default: exit 2 "
                              "at once, naming that run)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print every library's output too (default: one line per component, the Trainer's "
+                             "progress and the summary; the rest goes to OUTPUT/logs/<run id>.log)")
     parser.add_argument("--eval-corpus", metavar="PATH_OR_GLOB",
                         help="a fixed reference eval corpus, read whole: no candidate is blessed that is worse on it "
                              "than the last blessed model by more than pipeline.reference_bpb_tolerance (default: "
@@ -300,32 +315,65 @@ def _metadata(args):
 
 
 def _cmd_run(args) -> int:
-    from deepseek_tfx.components.text_corpus import CorpusError
-    from deepseek_tfx.pipeline import local_runner, report, run_lock
+    from deepseek_tfx.pipeline import console as console_lib
+    from deepseek_tfx.pipeline.config import PIPELINE_NAME
     from deepseek_tfx.trainer_module.config import ConfigError
 
     try:
-        if args.command == "retrain":
-            local_runner.require_spans(args.corpus)
         config = _config_from_args(args)
-        metadata = _metadata(args)
-    except (CorpusError, ConfigError, ValueError) as e:
+    except (ConfigError, ValueError) as e:
         print(f"deepseek-tfx: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        summary = local_runner.run(output=args.output, config=config, corpus=args.corpus,
-                                   beam_args=args.beam_arg, metadata=metadata, wait=args.wait,
-                                   eval_corpus=args.eval_corpus)
-    except run_lock.RunLockedError as e:
-        print(f"deepseek-tfx: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except Exception as e:  # a component failed: show the root cause, not Beam's wrapping
-        bad_input = _corpus_error(e)
-        if bad_input is not None:  # the corpus, found bad by ExampleGen: bad input, in any Beam mode
-            print(f"deepseek-tfx: error: {bad_input}", file=sys.stderr)
-            return EXIT_USAGE
-        print(f"deepseek-tfx: pipeline failed: {_root_cause(e)}", file=sys.stderr)
-        return EXIT_FAILED
+    run_id = console_lib.new_run_id()
+    output = os.path.abspath(args.output) if "://" not in args.output else args.output
+    log_path = None if args.verbose else console_lib.log_path(output, run_id)
+    store = None
+
+    def state_of(node: str) -> str:
+        nonlocal store
+        from deepseek_tfx.components import mlmd
+        from deepseek_tfx.pipeline import run_report
+
+        store = store or mlmd.open_store(metadata)
+        executions = mlmd.run_executions(store, PIPELINE_NAME, node, run_id)
+        return run_report.state_name(executions[-1]) if executions else "skipped"
+
+    # Entered before TensorFlow is imported, so its start-up noise goes to the log too.
+    console = contextlib.nullcontext() if args.verbose else console_lib.QuietConsole(log_path, state_of)
+    error, summary = None, None
+    with console:
+        from deepseek_tfx.components import mlmd
+        from deepseek_tfx.components.text_corpus import CorpusError
+        from deepseek_tfx.pipeline import local_runner, run_lock, run_report
+
+        try:
+            if args.command == "retrain":
+                local_runner.require_spans(args.corpus)
+            metadata = _metadata(args)
+            summary = local_runner.run(
+                output=args.output, config=config, corpus=args.corpus, beam_args=args.beam_arg, metadata=metadata,
+                wait=args.wait, eval_corpus=args.eval_corpus, run_id=run_id,
+                on_prepared=None if args.verbose else lambda local: console.expect(
+                    [c.id for c in local.pipeline.components if type(c).__name__ != "Resolver"]))
+        except (CorpusError, ConfigError, ValueError, run_lock.RunLockedError) as e:
+            error = EXIT_USAGE, f"deepseek-tfx: error: {e}"
+        except Exception as e:  # a component failed: show the root cause, not Beam's wrapping
+            bad_input = _corpus_error(e)
+            if bad_input is not None:  # the corpus, found bad by ExampleGen: bad input, in any Beam mode
+                error = EXIT_USAGE, f"deepseek-tfx: error: {bad_input}"
+            else:
+                error = EXIT_FAILED, f"deepseek-tfx: pipeline failed: {_root_cause(e)}"
+        if error is None:
+            try:
+                summary["report"] = run_report.build(mlmd.open_store(metadata), PIPELINE_NAME, run_id, output)
+            except Exception as e:  # the run happened; a report that cannot be made is said, not fatal
+                logging.getLogger("deepseek_tfx").warning("The run report was not written: %s", _root_cause(e))
+    if error is not None:
+        print(error[1] + (f" (the run's log: {log_path})" if log_path else ""), file=sys.stderr)
+        return error[0]
+    from deepseek_tfx.pipeline import report
+
+    summary["log_file"] = log_path
     print(report.format_summary(summary))
     return EXIT_FAILED if summary.get("data_checks_passed") is False else 0
 
@@ -408,6 +456,23 @@ def _root_cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.strip().splitlines()[-1] if text.strip() else ''}"
 
 
+def _cmd_report(args) -> int:
+    from deepseek_tfx.components import mlmd
+    from deepseek_tfx.pipeline import local_runner, report, run_report
+    from deepseek_tfx.pipeline.config import PIPELINE_NAME
+
+    try:
+        store = mlmd.open_store(_metadata(args))
+        run_id = args.run or mlmd.latest_run_id(store, PIPELINE_NAME)
+        if run_id is None:
+            raise report.NothingToReportError(f"no run of {PIPELINE_NAME} in ML Metadata at {args.output}")
+        print(run_report.build(store, PIPELINE_NAME, run_id, local_runner.absolute(args.output)))
+    except (report.NothingToReportError, ValueError) as e:
+        print(f"deepseek-tfx: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
 def _cmd_schema(args) -> int:
     from deepseek_tfx.components import mlmd
     from deepseek_tfx.pipeline import local_runner
@@ -459,23 +524,39 @@ class _DropBeamWorkerChatter(logging.Filter):
         return "semi_persistent_directory" not in message and "Discarding unparseable args" not in message
 
 
-def _setup_logging() -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+class _ConsoleHandler(logging.StreamHandler):
+    """This project's console handler (a class of its own, so a second main() in one process replaces it)."""
+
+
+def _setup_logging(quiet_run: bool) -> None:
+    """This project's INFO and TFX's progress on the console; in a quiet run (console.QuietConsole) every absl
+    record reaches the run's log file, and the console takes what it shows from them."""
     project = logging.getLogger("deepseek_tfx")
+    absl_logger = logging.getLogger("absl")
+    for logger in (project, absl_logger):  # main() may run more than once in a process (tests)
+        for old in [h for h in logger.handlers if isinstance(h, _ConsoleHandler)]:
+            logger.removeHandler(old)
+        for old in [f for f in logger.filters if isinstance(f, _ProgressFilter)]:
+            logger.removeFilter(old)
+    handler = _ConsoleHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     project.setLevel(logging.INFO)
     project.addHandler(handler)
     project.propagate = False
-    absl_logger = logging.getLogger("absl")
-    absl_logger.setLevel(logging.INFO)
-    absl_logger.addFilter(_ProgressFilter())
+    # absl's verbosity, not only the logger's level: TensorFlow sets the verbosity to FATAL around saving and
+    # back to what absl says it was, which would otherwise silence every later INFO record (TFX's progress).
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.INFO)
+    if not quiet_run:
+        absl_logger.addFilter(_ProgressFilter())
     logging.getLogger("apache_beam.runners.portability.local_job_service").addFilter(_DropBeamWorkerChatter())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
-    _setup_logging()
     args = _build_parser().parse_args(argv)
+    _setup_logging(quiet_run=args.command in ("run", "retrain") and not args.verbose)
     return args.func(args)
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
+import json
 import logging
 import os
-import socket
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -26,12 +25,12 @@ from tfx.dsl.compiler import compiler
 from tfx.dsl.compiler.constants import PIPELINE_RUN_ID_PARAMETER_NAME
 from tfx.orchestration.portable import runtime_parameter_utils
 
-from deepseek_tfx.components import mlmd
+from deepseek_tfx.components import data_checks, mlmd
 from deepseek_tfx.components.text_corpus import CorpusError
 from deepseek_tfx.pipeline import corpus as corpus_lib
-from deepseek_tfx.pipeline import report, run_lock, settings
+from deepseek_tfx.pipeline import console, report, run_lock, settings
 from deepseek_tfx.pipeline import schema as schema_lib
-from deepseek_tfx.pipeline.config import EXAMPLE_GEN, PIPELINE_NAME, PipelineConfig
+from deepseek_tfx.pipeline.config import DATA_CHECKS, EXAMPLE_GEN, PIPELINE_NAME, PipelineConfig
 from deepseek_tfx.pipeline.pipeline import create_ingest_pipeline, create_pipeline
 from deepseek_tfx.serving import tf_serving
 
@@ -298,10 +297,12 @@ def prepare(
     return LocalRun(pipeline, config, layout, base, pattern, metadata, beam_args)
 
 
-def run(*, wait: bool = False, **options) -> dict:
+def run(*, wait: bool = False, run_id: str | None = None, on_prepared=None, **options) -> dict:
     """Checks the corpus, runs the whole pipeline, and returns the MLMD run summary.
 
     ``options`` are prepare()'s keyword arguments (output, config, corpus, beam_args, metadata, pipeline_name).
+    ``run_id`` names the run (default: console.new_run_id()); ``on_prepared(local_run)`` is called once the pipeline is
+    built, before anything runs (the quiet console learns the components from it).
     The run holds the output directory's lock throughout (pipeline.run_lock), and on a MySQL store also the
     store's lock for the pipeline name: another run on the same output or pipeline raises RunLockedError at
     once, or is waited for with ``wait``.
@@ -322,29 +323,42 @@ def run(*, wait: bool = False, **options) -> dict:
         if metadata is not None and metadata.HasField("mysql"):  # a store other outputs may share
             locks.enter_context(run_lock.store_lock(metadata.mysql, options.get("pipeline_name", PIPELINE_NAME),
                                                     wait=wait))
-        return _run(prepare(**options))
+        local = prepare(**options)
+        if on_prepared is not None:
+            on_prepared(local)
+        return _run(local, run_id or console.new_run_id())
 
 
-def run_pipeline(pipeline: tfx.dsl.Pipeline) -> str:
-    """Runs ``pipeline`` with LocalDagRunner under a run id chosen here, and returns that id.
+def run_pipeline(pipeline: tfx.dsl.Pipeline, run_id: str | None = None) -> str:
+    """Runs ``pipeline`` with LocalDagRunner under ``run_id`` (default: console.new_run_id()); returns that id.
 
     TFX names each run's ``pipeline_run`` context in ML Metadata after its run id; knowing it, the summary
     reads this run's executions, not the latest ones of whichever run (several runs can share a MySQL store).
-    The id is TFX's own format (the start time) with the host and process, so it is unique across machines.
     """
-    run_id = f"{datetime.datetime.now().isoformat()}@{socket.gethostname()}:{os.getpid()}"
+    run_id = run_id or console.new_run_id()
     ir = compiler.Compiler().compile(pipeline)
     runtime_parameter_utils.substitute_runtime_parameter(ir, {PIPELINE_RUN_ID_PARAMETER_NAME: run_id})
     tfx.orchestration.LocalDagRunner().run_with_ir(ir)
     return run_id
 
 
-def _run(local: LocalRun) -> dict:
+def _run(local: LocalRun, run_id: str) -> dict:
     pipeline_name, config = local.pipeline.pipeline_info.pipeline_name, local.config
     backfill_spans(pipeline_name=pipeline_name, pipeline_root=local.layout.pipeline_root, base=local.corpus_base,
                    pattern=local.corpus_pattern, config=config, metadata=local.metadata, beam_args=local.beam_args)
-    run_id = run_pipeline(local.pipeline)
+    try:
+        run_pipeline(local.pipeline, run_id)
+        failed_checks = None
+    except Exception as e:  # the data checks stop a run by failing; any other failure is the caller's
+        failed_checks = data_checks.DataChecksFailedError.reasons_in(e)
+        if failed_checks is None:
+            raise
+        log.error("%s", e)
     store = mlmd.open_store(local.metadata)
+    if failed_checks is not None:  # in ML Metadata, on the failed execution, for the summary and the report
+        for execution in mlmd.run_executions(store, pipeline_name, DATA_CHECKS, run_id)[-1:]:
+            execution.custom_properties[report.FAILED_CHECKS].string_value = json.dumps(failed_checks)
+            store.put_executions([execution])
     summary = report.run_summary(store, pipeline_name, run_id)
     summary["corpus"] = local.corpus
     summary["config"] = {"preset": config.preset, "changed": settings.changes(config)}

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 import tensorflow as tf
+from ml_metadata.proto import metadata_store_pb2
 
 from deepseek_tfx.components import mlmd, model_gate
 from deepseek_tfx.components.mlmd import (
@@ -40,6 +41,10 @@ from deepseek_tfx.pipeline.config import (
 )
 from deepseek_tfx.trainer_module.config import SUMMARY_FILE
 
+FAILED_CHECKS = "failed_checks"
+"""Custom property of a failed DataChecks execution: the reasons, as a JSON list (local runs set it)."""
+
+
 def _read_json(path: str) -> dict | None:
     if not tf.io.gfile.exists(path):
         return None
@@ -63,19 +68,24 @@ def evaluation_metrics(evaluation_uri: str, source: str | None = None) -> dict[s
 
 
 def failed_bounds(evaluation_uri: str) -> list[str]:
-    """Why the gate did not bless: each failed threshold with the candidate's value and the bound it broke."""
+    """Why the gate did not bless: each failed threshold with the values it compared."""
     import tensorflow_model_analysis as tfma  # noqa: PLC0415  (heavy; only when reporting)
 
     reasons = []
     for per_slice in tfma.load_validation_result(evaluation_uri).metric_validations_per_slice:
         values = {k.bytes_value.decode() for k in per_slice.slice_key.single_slice_keys}
-        on = " on the reference eval set" if model_gate.REFERENCE in values else ""
+        source = model_gate.REFERENCE if model_gate.REFERENCE in values else model_gate.NEW if values else None
+        on = " on the reference eval set" if source == model_gate.REFERENCE else ""
         for failure in per_slice.failures:
             name, value = failure.metric_key.name, failure.metric_value.double_value.value
             threshold = failure.metric_threshold
             if threshold.HasField("change_threshold"):
                 tolerance = threshold.change_threshold.absolute.value
-                reasons.append(f"{name} {value:+.4f} against the last blessed model{on} (tolerance {tolerance:g})")
+                both = model_gate.slice_metrics(evaluation_uri, source, name)
+                compared = (f" ({both['candidate']:.4f} against {both['baseline']:.4f})"
+                            if {"candidate", "baseline"} <= set(both) else "")
+                reasons.append(f"{name} {value:+.4f} against the last blessed model{on}{compared}, "
+                               f"tolerance {tolerance:g}")
             else:
                 bound = threshold.value_threshold.upper_bound.value
                 reasons.append(f"{name} {value:.4f} above the bound {bound:g}{on}")
@@ -124,8 +134,14 @@ def run_summary(store, pipeline_name: str, run_id: str | None = None) -> dict[st
     if checks is not None:
         summary["data_checks_passed"] = bool(prop(checks, "passed", 0))
         summary["data_checks_failed"] = json.loads(prop(checks, "reasons", "[]"))
+    failed = [e for e in (mlmd.run_executions(store, pipeline_name, DATA_CHECKS, run_id) if run_id else [])
+              if e.last_known_state == metadata_store_pb2.Execution.FAILED and mlmd.has_prop(e, FAILED_CHECKS)]
+    if failed:  # the checks failed the run (local_runner records why on the execution)
+        summary.update(data_checks_passed=False, data_checks_failed=json.loads(prop(failed[-1], FAILED_CHECKS)))
     model_run = single(mlmd.latest_outputs(store, pipeline_name, TRAINER, run_id), MODEL_RUN_KEY)
     training = _read_json(os.path.join(model_run.uri, SUMMARY_FILE)) if model_run else None
+    if model_run is not None:
+        summary["tensorboard_logdir"] = model_run.uri
     if training:
         summary.update(train_steps=training["train_steps"], train_tokens=training["train_tokens"],
                        train_tokens_per_second=training["tokens_per_second"],
@@ -219,6 +235,12 @@ def format_summary(summary: dict) -> str:
         lines.append("  schema:        " + (f"frozen in {summary['schema']}" + (" by this run" if summary.get(
             "schema_frozen_now") else "") if summary["schema"] else "inferred from this run's data (not frozen)"))
     lines.append(f"  ML Metadata:   {summary.get('metadata')}")
+    if summary.get("tensorboard_logdir"):
+        lines.append(f"  TensorBoard:   tensorboard --logdir {summary['tensorboard_logdir']}")
+    if summary.get("report"):
+        lines.append(f"  report:        {summary['report']} (open it in a browser; it needs no network)")
+    if summary.get("log_file"):
+        lines.append(f"  log:           {summary['log_file']} (every library's output; --verbose prints it here)")
     return "\n".join(lines)
 
 

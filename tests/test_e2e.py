@@ -329,7 +329,8 @@ def test_worse_candidate_is_not_blessed_and_not_pushed(first_run):
     assert _failed_thresholds(evaluation.uri) == {("perplexity", "change")}
     [reason] = worse["not_blessed_because"]
     increase = float(reason.split()[1])
-    assert reason == f"perplexity {increase:+.4f} against the last blessed model (tolerance 0)"
+    assert reason == (f"perplexity {increase:+.4f} against the last blessed model ({worse['eval_perplexity']:.4f} "
+                      f"against {blessed['eval_perplexity']:.4f}), tolerance 0")
     # the increase over the blessed model, both scored on the same eval split
     assert math.isclose(increase, worse["eval_perplexity"] - blessed["eval_perplexity"], rel_tol=1e-3, abs_tol=1e-3)
     assert first_run["run3"]["serving"] == first_run["run1"]["serving"]

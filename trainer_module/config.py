@@ -161,8 +161,8 @@ class TrainConfig:
     """Log a progress line every this many steps."""
     eval_batches: int = 8
     """Batches of the eval split scored for the eval loss curve (the Evaluator scores all of it)."""
-    eval_every: int = 0
-    """Also score the eval batches every this many steps; 0: only at the end."""
+    eval_every: int = 50
+    """Also score the eval batches every this many steps, for the eval loss curve; 0: only at the end."""
     grad_accum_steps: int = 1
     """Micro-batches per optimizer step; each is batch_size / grad_accum_steps sequences."""
     jit_compile: bool = False
@@ -303,7 +303,7 @@ PRESETS: dict[str, Preset] = {
             n_dense_layers=1,
         ),
         train=TrainConfig(train_steps=30, batch_size=8, warmup_steps=5, log_every=10,
-                          eval_batches=2),
+                          eval_batches=2, eval_every=10),
         description="2 layers, width 64: for tests; trains in seconds.",
     ),
     "small": Preset(
