@@ -6,7 +6,8 @@ terminal (the descriptors as they were) gets:
 
 * one line per component as it ends: ``[4/11] Transform          ran      12.3 s`` (``cached``, ``skipped``
   when a condition kept it from running, ``failed``), resolvers left out;
-* the Trainer's progress lines, thinned to at most ``PROGRESS_LINES`` per training (plus its first and last);
+* the Trainer's progress lines, thinned to at most ``PROGRESS_LINES`` per training (plus its first and last;
+  the eval-loss lines of the curve stay in the log, TensorBoard and the report);
 * warnings of this project's own loggers;
 * the run summary (printed by the caller through ``print``).
 
@@ -25,9 +26,10 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-PROGRESS_LINES = 6
+PROGRESS_LINES = 4
 _COMPONENT = re.compile(r"^Component (\S+) is (running|finished)")
 _STEP = re.compile(r"^step (\d+)/(\d+) ")
+_EVAL_STEP = re.compile(r"^step \d+ eval loss ")
 
 
 def new_run_id() -> str:
@@ -73,6 +75,8 @@ class _TrainerLines(logging.Handler):
             self.console.write(self.format(record))
             return
         if not record.name.startswith("deepseek_tfx.trainer_module"):
+            return
+        if _EVAL_STEP.match(message):
             return
         step = _STEP.match(message)
         if step:
@@ -125,9 +129,10 @@ class QuietConsole:
             return
         seconds = time.monotonic() - self._started.pop(node, time.monotonic())
         state = self.state_of(node)
-        width = max(len(n) for n in self.nodes)
+        width, count = max(len(n) for n in self.nodes), len(self.nodes)
         timing = f"{seconds:6.1f} s" if state == "ran" else ""
-        self.write(f"[{self.nodes.index(node) + 1}/{len(self.nodes)}] {node:<{width}}  {state:<8} {timing}".rstrip())
+        number = f"{self.nodes.index(node) + 1:>{len(str(count))}}"
+        self.write(f"[{number}/{count}] {node:<{width}}  {state:<8} {timing}".rstrip())
 
     def failed(self) -> None:
         """Marks the component that was running when the run failed."""

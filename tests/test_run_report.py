@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 CLI = pathlib.Path(sys.executable).parent / "deepseek-tfx"
 OPTIONS = ["--preset", "tiny", "--max-bits-per-byte", "7.0"]
 MAX_LINES = 40
+COMPONENT_LINE = re.compile(r"^\[ *\d+/\d+\] ")  # [ 4/10] Transform  ran  10.1 s
 
 
 def _cli(*args, timeout=900):
@@ -53,8 +54,8 @@ def test_a_fresh_run_prints_one_line_per_component_and_the_summary(runs):
     assert first.returncode == 0, printed
     lines = printed.splitlines()
     assert len(lines) <= MAX_LINES, f"{len(lines)} lines:\n{printed}"
-    components = [line for line in lines if re.match(r"^\[\d+/\d+\] ", line)]
-    names = [line.split()[1] for line in components]
+    components = [line.split("] ", 1)[1] for line in lines if COMPONENT_LINE.match(line)]
+    names = [line.split()[0] for line in components]
     assert names[:3] == ["TextExampleGen", "StatisticsGen", "SchemaGen"] and names[-1] == "Pusher", printed
     assert all(re.search(r"\bran\s+\d+\.\d s$", line) for line in components), components  # a fresh output: all ran
     assert any(line.split(" ", 1)[1].startswith("step 30/30 ") for line in lines), printed  # the Trainer's progress
@@ -72,7 +73,7 @@ def test_a_not_blessed_run_names_the_failed_bound(runs):
     assert re.search(r"blessed:       no \(bits_per_byte \d+\.\d{4} above the bound 0\.5\)", printed), printed
     assert "pushed model:  none (not blessed)" in printed
     # only the gate ran again
-    states = {line.split()[1]: line.split()[2] for line in printed.splitlines() if re.match(r"^\[\d+/\d+\] ", line)}
+    states = dict(line.split("] ", 1)[1].split()[:2] for line in printed.splitlines() if COMPONENT_LINE.match(line))
     assert states["Trainer"] == "cached" and states["Evaluator"] == "ran", printed
 
 
