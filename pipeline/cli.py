@@ -63,6 +63,10 @@ def _build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("--serving-dir", metavar="URI",
                           help="Pusher destination (default: PIPELINE_ROOT/serving_model/deepseek)")
     compile_.add_argument("--output", metavar="FILE", help="default: deepseek-tfx.json (vertex) or .yaml (kubeflow)")
+    compile_.add_argument("--eval-corpus", metavar="URI",
+                          help="a directory of reference eval text (e.g. gs://bucket/reference): no candidate is "
+                               "blessed that is worse on it than the last blessed model by more than "
+                               "pipeline.reference_bpb_tolerance")
     _add_config_args(compile_)
     compile_.add_argument("--vertex-training-replicas", type=int, metavar="N",
                           help="train as a Vertex AI custom job with N replicas (chief + N-1 workers, "
@@ -389,7 +393,7 @@ def _cmd_compile(args) -> int:
             output=args.output, beam_args=args.beam_arg, vertex_training_replicas=args.vertex_training_replicas,
             vertex_machine_type=args.vertex_machine_type, vertex_accelerator_type=args.vertex_accelerator_type,
             vertex_accelerator_count=args.vertex_accelerator_count,
-            dataflow=args.dataflow, project=args.project, region=args.region)
+            dataflow=args.dataflow, project=args.project, region=args.region, eval_corpus=args.eval_corpus)
     except (ConfigError, ValueError) as e:
         print(f"deepseek-tfx: error: {e}", file=sys.stderr)
         return EXIT_USAGE

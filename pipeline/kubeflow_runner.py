@@ -71,7 +71,7 @@ def build_pipeline(*, image: str, pipeline_root: str, corpus: str, corpus_patter
                    vertex_accelerator_type: str | None = None, vertex_accelerator_count: int = 0,
                    dataflow: bool = False,
                    project: str | None = None, region: str | None = None,
-                   pipeline_name: str = PIPELINE_NAME):
+                   pipeline_name: str = PIPELINE_NAME, eval_corpus: str | None = None):
     """The pipeline as it compiles for Vertex AI / Kubeflow Pipelines (portable resolvers, remote paths).
 
     Args:
@@ -88,6 +88,9 @@ def build_pipeline(*, image: str, pipeline_root: str, corpus: str, corpus_patter
             accelerators (see vertex_training_config); only with ``vertex_training_replicas``.
         dataflow: run the Beam-based components on Dataflow.
         project, region: Google Cloud project and region (needed by the two options above).
+        eval_corpus: a directory (e.g. gs://bucket/reference) whose files are the Evaluator's fixed reference eval
+            set, read whole by ReferenceExampleGen (create_pipeline's ``eval_corpus``); the default reference,
+            the first blessed run's data, needs a resolver that does not compile here.
 
     Raises:
         ConfigError: a cloud option without ``project`` and ``region``.
@@ -107,9 +110,7 @@ def build_pipeline(*, image: str, pipeline_root: str, corpus: str, corpus_patter
         pipeline_name=pipeline_name, pipeline_root=pipeline_root, corpus_base=runtime_parameter("corpus", corpus),
         corpus_pattern=corpus_pattern, serving_model_dir=layout.serving_model_dir, config=config,
         beam_pipeline_args=beam, portable_resolvers=True, vertex_training=vertex,
-        # Runtime parameters, the compiled values their defaults (0: the compiled bound). TFX 1.16 takes one only
-        # as a plain parameter of a component, not inside a proto: the corpus pattern (in ExampleGen's
-        # input_config) is fixed here, and the steps and bounds are parameters of their own (README).
+        eval_corpus=(eval_corpus.rstrip("/"), "*") if eval_corpus else None,
         # Runtime parameters with the compiled values as defaults (0: the compiled bound). TFX 1.16 takes one only
         # as a plain parameter of a component, not inside a proto: the corpus pattern (in ExampleGen's
         # input_config) is fixed here, and the steps and bounds are parameters of their own (README).

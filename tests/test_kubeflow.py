@@ -279,3 +279,15 @@ def test_the_train_steps_parameter_replaces_train_args_in_the_trainer_executor()
     _, unchanged = tokenizer_consumers._with_tokenizer_dir({"tokenizer": [tokenizer]},
                                                            {**properties, "train_steps": None})
     assert json.loads(unchanged["train_args"]) == {"num_steps": 7}
+
+
+def test_an_eval_corpus_compiles_as_the_reference_eval_set(tmp_path):
+    spec = _spec_of_vertex_job(_compile(tmp_path, "vertex", eval_corpus="gs://bucket/reference/"))
+    reference = spec.root.dag.tasks["ReferenceExampleGen"]
+    assert "gs://bucket/reference" == _parameter(spec, "ReferenceExampleGen", "input_base")
+    assert json.loads(_parameter(spec, "ReferenceExampleGen", "input_config"))["splits"] == [
+        {"name": "eval", "pattern": "*"}]
+    assert reference.task_info.name == "ReferenceExampleGen"
+    evaluator = spec.root.dag.tasks["Evaluator"]
+    assert evaluator.inputs.artifacts["reference_examples"].task_output_artifact.producer_task == "ReferenceExampleGen"
+    assert _parameter(spec, "Evaluator", "reference_bpb_tolerance") == 0.05
