@@ -354,19 +354,23 @@ def _cmd_run(args) -> int:
             if args.command == "retrain":
                 local_runner.require_spans(args.corpus)
             metadata = _metadata(args)
-            summary = local_runner.run(
-                output=args.output, config=config, corpus=args.corpus, beam_args=args.beam_arg, metadata=metadata,
-                wait=args.wait, eval_corpus=args.eval_corpus, run_id=run_id,
-                on_prepared=None if args.verbose else lambda local: console.expect(
-                    [c.id for c in local.pipeline.components if type(c).__name__ != "Resolver"]))
-        except (CorpusError, ConfigError, ValueError, run_lock.RunLockedError) as e:
+        except (CorpusError, ConfigError, ValueError) as e:
             error = EXIT_USAGE, f"deepseek-tfx: error: {e}"
-        except Exception as e:  # a component failed: show the root cause, not Beam's wrapping
-            bad_input = _corpus_error(e)
-            if bad_input is not None:  # the corpus, found bad by ExampleGen: bad input, in any Beam mode
-                error = EXIT_USAGE, f"deepseek-tfx: error: {bad_input}"
-            else:
-                error = EXIT_FAILED, f"deepseek-tfx: pipeline failed: {_root_cause(e)}"
+        else:
+            try:
+                summary = local_runner.run(
+                    output=args.output, config=config, corpus=args.corpus, beam_args=args.beam_arg,
+                    metadata=metadata, wait=args.wait, eval_corpus=args.eval_corpus, run_id=run_id,
+                    on_prepared=None if args.verbose else lambda local: console.expect(
+                        [c.id for c in local.pipeline.components if type(c).__name__ != "Resolver"]))
+            except run_lock.RunLockedError as e:
+                error = EXIT_USAGE, f"deepseek-tfx: error: {e}"
+            except Exception as e:  # a component failed: show the root cause, not Beam's wrapping
+                bad_input = _corpus_error(e)
+                if bad_input is not None:  # the corpus, found bad by ExampleGen or before: bad input
+                    error = EXIT_USAGE, f"deepseek-tfx: error: {bad_input}"
+                else:
+                    error = EXIT_FAILED, f"deepseek-tfx: pipeline failed: {_root_cause(e)}"
         if error is None:
             try:
                 summary["report"] = run_report.build(mlmd.open_store(metadata), PIPELINE_NAME, run_id, output)
