@@ -102,8 +102,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "lineage", help="show what the latest pushed model was made from",
         description="Print the provenance of the latest pushed model, from ML Metadata.")
     _add_output_arg(lineage, "output directory of the runs")
-    lineage.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
-                         help="ML Metadata store (as for run)")
+    _add_metadata_arg(lineage)
     lineage.set_defaults(func=_cmd_lineage)
 
     generate = sub.add_parser(
@@ -133,8 +132,7 @@ def _build_parser() -> argparse.ArgumentParser:
                     "sample generations. run and retrain write it after every run.")
     _add_output_arg(report_cmd, "output directory of the runs")
     report_cmd.add_argument("--run", metavar="ID", help="the run id (default: the latest run)")
-    report_cmd.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
-                            help="ML Metadata store (as for run)")
+    _add_metadata_arg(report_cmd)
     report_cmd.set_defaults(func=_cmd_report)
 
     schema = sub.add_parser(
@@ -144,8 +142,7 @@ def _build_parser() -> argparse.ArgumentParser:
                     "again from the latest pushed model's run, reset goes back to inferring each run's schema.")
     schema.add_argument("action", choices=("show", "freeze", "reset"))
     _add_output_arg(schema, "output directory of the runs")
-    schema.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
-                        help="ML Metadata store (as for run; freeze reads it)")
+    _add_metadata_arg(schema)
     _add_config_args(schema)
     schema.set_defaults(func=_cmd_schema)
 
@@ -171,6 +168,12 @@ def _build_parser() -> argparse.ArgumentParser:
     pin.add_argument("--unpin", action="store_true", help="serve the latest version again")
     serve_config.set_defaults(func=_cmd_serve_config)
     return parser
+
+
+def _add_metadata_arg(parser) -> None:
+    parser.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
+                        help="ML Metadata store: OUTPUT/metadata.sqlite, or MySQL from "
+                             "DEEPSEEK_TFX_MYSQL_{HOST,PORT,DATABASE,USER,PASSWORD}")
 
 
 def _add_output_arg(parser, what: str) -> None:
@@ -220,9 +223,7 @@ def _add_local_args(parser) -> None:
     """Beam and ML Metadata options shared by run and retrain."""
     parser.add_argument("--beam-arg", action="append", default=[], metavar="ARG",
                         help="extra Beam pipeline option, repeatable, e.g. --beam-arg=--runner=DataflowRunner")
-    parser.add_argument("--metadata", choices=("sqlite", "mysql"), default="sqlite",
-                        help="ML Metadata store: OUTPUT/metadata.sqlite, or MySQL from "
-                             "DEEPSEEK_TFX_MYSQL_{HOST,PORT,DATABASE,USER,PASSWORD}")
+    _add_metadata_arg(parser)
     parser.add_argument("--wait", action="store_true",
                         help="when another run holds the output directory, wait for it to end (default: exit 2 "
                              "at once, naming that run)")

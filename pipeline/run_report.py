@@ -170,8 +170,7 @@ def _feature(statistics, name: str):
     return next((f for f in statistics.datasets[0].features if list(f.path.step) == [name]), None)
 
 
-def data_section(store, pipeline_name: str, run_id: str) -> str:
-    summary = report.run_summary(store, pipeline_name, run_id)
+def data_section(store, pipeline_name: str, run_id: str, summary: dict) -> str:
     parts = [_table(["documents", "bytes", "files", "span(s)", "invalid UTF-8 replaced"], [[
         _esc(summary.get("documents")), _esc(summary.get("bytes")), _esc(summary.get("files")),
         _esc(report.format_spans(summary.get("spans"))), _esc(summary.get("replaced_invalid_utf8"))]])]
@@ -233,10 +232,12 @@ def tokenizer_section(store, pipeline_name: str, run_id: str) -> str:
 
 
 def _vocabulary(tokenizer_uri: str) -> dict[int, str]:
-    """id -> piece from the Tokenizer artifact's ``tokenizer.vocab`` (empty for the byte tokenizer)."""
+    """id -> piece from the Tokenizer artifact's vocabulary file (empty for the byte tokenizer)."""
     import tensorflow as tf  # noqa: PLC0415
 
-    path = os.path.join(tokenizer_uri, "tokenizer.vocab")
+    from deepseek_tfx.components.tokenizer_gen import VOCAB_FILE  # noqa: PLC0415
+
+    path = os.path.join(tokenizer_uri, VOCAB_FILE)
     if not tf.io.gfile.exists(path):
         return {}
     with tf.io.gfile.GFile(path) as f:
@@ -306,13 +307,14 @@ def evaluation_section(store, pipeline_name: str, run_id: str) -> str:
     evaluation, blessing = mlmd.single(outputs, "evaluation"), mlmd.single(outputs, "blessing")
     if evaluation is None:
         return "<p>No evaluation in this run (see the data checks).</p>"
-    rows = []
+    values = {}  # (slice label, metric) -> {"candidate": x, "baseline": y}
     for source, label in ((model_gate.NEW, "new data"), (model_gate.REFERENCE, "reference eval set"),
                           (None, "all eval examples")):
         for metric in ("bits_per_byte", "perplexity"):
-            values = model_gate.slice_metrics(evaluation.uri, source, metric)
-            if values:
-                rows.append([label, metric, _fmt(values.get("candidate")), _fmt(values.get("baseline"))])
+            found = model_gate.slice_metrics(evaluation.uri, source, metric)
+            if found:
+                values[label, metric] = found
+    rows = [[label, metric, _fmt(v.get("candidate")), _fmt(v.get("baseline"))] for (label, metric), v in values.items()]
     blessed = bool(prop(blessing, "blessed", 0)) if blessing is not None else None
     reasons = report.failed_bounds(evaluation.uri) if blessed is False else []
     thresholds = _thresholds(evaluation.uri)
@@ -323,22 +325,18 @@ def evaluation_section(store, pipeline_name: str, run_id: str) -> str:
              f" (compared by {_esc(prop(evaluation, model_gate.COMPARED_BY))})</p>"]
     if reasons:
         parts.append("<ul>" + "".join(f"<li>{_esc(r)}</li>" for r in reasons) + "</ul>")
-    by_slice = {label: {m: (c, b) for lab, m, c, b in rows if lab == label} for label, *_ in rows}
-    bars = [(label, values["bits_per_byte"]) for label, values in by_slice.items() if "bits_per_byte" in values]
+    bars = [(label, v) for (label, metric), v in values.items() if metric == "bits_per_byte"]
     if bars:
         def draw(ax):
             xs = range(len(bars))
-            ax.bar([x - 0.2 for x in xs], [_num(c) for _, (c, _) in bars], width=0.4, label="candidate")
-            ax.bar([x + 0.2 for x in xs], [_num(b) for _, (_, b) in bars], width=0.4, label="baseline")
+            for offset, model in ((-0.2, "candidate"), (0.2, "baseline")):
+                ax.bar([x + offset for x in xs], [v.get(model, float("nan")) for _, v in bars], width=0.4,
+                       label=model)
             ax.set_xticks(list(xs), [label for label, _ in bars])
             ax.set_ylabel("bits per byte")
             ax.legend(fontsize=8)
         parts.append(_figure(draw))
     return "".join(parts)
-
-
-def _num(text: str) -> float:
-    return float(text) if text != "n/a" else float("nan")
 
 
 def _thresholds(evaluation_uri: str) -> list[str]:
@@ -438,8 +436,9 @@ def build(store, pipeline_name: str, run_id: str, output: str) -> str:
     """Writes run ``run_id``'s report under ``output/reports`` (whole, then renamed in) and returns its path."""
     import tensorflow as tf  # noqa: PLC0415
 
+    summary = report.run_summary(store, pipeline_name, run_id)
     makers = {"pipeline": lambda: pipeline_section(store, pipeline_name, run_id),
-              "data": lambda: data_section(store, pipeline_name, run_id),
+              "data": lambda: data_section(store, pipeline_name, run_id, summary),
               "tokenizer": lambda: tokenizer_section(store, pipeline_name, run_id),
               "training": lambda: training_section(store, pipeline_name, run_id),
               "evaluation": lambda: evaluation_section(store, pipeline_name, run_id),
@@ -448,7 +447,6 @@ def build(store, pipeline_name: str, run_id: str, output: str) -> str:
     body = []
     for key, title in SECTIONS.items():
         body.append(f'<section id="{key}"><h2>{html.escape(title)}</h2>{makers[key]()}</section>')
-    summary = report.run_summary(store, pipeline_name, run_id)
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>deepseek-tfx run {html.escape(run_id)}"
             f"</title><style>{STYLE}</style></head><body><h1>deepseek-tfx run report</h1>"
             f"<p>Run <code>{html.escape(run_id)}</code> of pipeline <code>{html.escape(pipeline_name)}</code>; "
