@@ -148,6 +148,10 @@ def run_summary(store, pipeline_name: str, run_id: str | None = None) -> dict[st
                        parameters=training["parameters"], final_train_loss=training["final_train_loss"],
                        warm_start=training.get("base_model"), resumed_from_step=training.get("resumed_from_step"),
                        train_mfu=training.get("mfu"))
+        if training.get("autotune"):
+            choice = training["autotune"]
+            summary.update(train_precision=choice["precision"], train_jit_compile=choice["jit_compile"],
+                           train_precision_reason=choice["reason"], moe_dispatch=training.get("moe_dispatch"))
     evaluator = mlmd.latest_outputs(store, pipeline_name, EVALUATOR, run_id)
     evaluation, blessing = single(evaluator, EVALUATION_KEY), single(evaluator, BLESSING_KEY)
     if evaluation is not None:
@@ -200,6 +204,9 @@ def format_summary(summary: dict) -> str:
         f"  training:      {num('train_steps')} steps, {num('parameters')} parameters, "
         f"{num('train_tokens_per_second', '{:,.0f}')} tokens/s (MFU {num('train_mfu', '{:.1%}')}), "
         f"last loss {num('final_train_loss', '{:.4f}')}; {summary.get('warm_start') or 'n/a'}",
+        *([f"  precision:     {summary['train_precision']}, XLA {'on' if summary['train_jit_compile'] else 'off'}"
+           + (f", MoE dispatch {summary['moe_dispatch']}" if summary.get("moe_dispatch") not in (None, "none") else "")
+           + f" ({summary['train_precision_reason']})"] if "train_precision" in summary else []),
         "  data checks:   " + ("n/a" if "data_checks_passed" not in summary else "passed"
                                  if summary["data_checks_passed"] else
                                  "FAILED, nothing trained or pushed: " + "; ".join(summary["data_checks_failed"])),

@@ -85,7 +85,8 @@ def parse_value(section: str, name: str, text: Any) -> Any:
     optional = kind.endswith("|None")
     kind = kind.removesuffix("|None")
     where = f"{section}.{name}"
-    expected = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}.get(kind, kind)
+    expected = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+                "bool|str": "true, false or auto"}.get(kind, kind)
     if isinstance(text, str) and optional and text.strip().lower() in ("none", "null", ""):
         return None
     if text is None:
@@ -93,7 +94,9 @@ def parse_value(section: str, name: str, text: Any) -> Any:
             return None
         raise ConfigError(f"{where}: must be {expected}, got null")
     try:
-        if kind == "bool":
+        if kind == "bool|str" and str(text).strip().lower() == "auto":  # true / false / auto (jit_compile)
+            return "auto"
+        if kind in ("bool", "bool|str"):
             if isinstance(text, bool):
                 return text
             if str(text).strip().lower() in ("true", "yes", "1", "on"):

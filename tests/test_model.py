@@ -65,8 +65,12 @@ def test_bias_update_moves_skewed_load_toward_uniform():
     moe.gate.assign(gate)
     moe.expert_bias.assign([0.2, 0.0, 0.0, 0.0])  # every token starts on expert 0
     imbalance = []
+    bias = moe.expert_bias.numpy()
+    moe(x, training=True)
+    np.testing.assert_array_equal(moe.expert_bias.numpy(), bias)  # a forward pass alone leaves it alone
     for _ in range(150):
         moe(x, training=True)
+        moe.update_balance(moe.step_stats[0])  # what the train step does once per optimizer step
         load = moe.expert_load.numpy()
         imbalance.append(load.max() / load.mean())
     assert imbalance[0] == 4.0  # all 256 tokens on one of 4 experts
@@ -113,6 +117,10 @@ def test_multi_token_prediction_is_off_by_default_and_causal_when_on():
     MultiHeadLatentAttention(32, 2, 8, 16, 8, 4, 8, rope_theta=500.0),
     DeepSeekMoE(16, 8, n_routed_experts=4, n_shared_experts=2, n_activated_experts=2, route_scale=2.0,
                 bias_update_speed=0.01, seq_aux_loss_weight=0.001),
+    DeepSeekMoE(16, 8, n_routed_experts=8, n_shared_experts=1, n_activated_experts=2, score_func="softmax",
+                normalize_gates=False, n_expert_groups=4, n_limited_groups=2, group_score="max"),
+    MultiHeadLatentAttention(32, 2, 0, 16, 8, 4, 8, rope_scaling={
+        "factor": 4.0, "original_context_len": 16, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707}),
 ])
 def test_every_layer_round_trips_get_config(layer):
     clone = type(layer).from_config(layer.get_config())

@@ -74,10 +74,16 @@ def test_a_file_then_flags_then_set_each_win_over_the_one_before(tmp_path):
     assert _config("--config", str(json_path)).resolved_train.learning_rate == 0.001
 
 
+@pytest.mark.parametrize(("text", "value"), [("auto", "auto"), ("true", True), ("off", False), ("AUTO", "auto")])
+def test_jit_compile_takes_true_false_or_auto(text, value):
+    assert settings.load([], [f"train.jit_compile={text}"]).resolved_train.jit_compile == value
+
+
 @pytest.mark.parametrize(("assignment", "message"), [
     ("train.learning_rate=fast", r"train.learning_rate: must be a number, got 'fast'"),
     ("train.batch_size=2.5", r"train.batch_size: must be an integer, got '2.5'"),
-    ("train.jit_compile=maybe", r"train.jit_compile: must be true or false"),
+    ("train.jit_compile=maybe", r"train.jit_compile: must be true, false or auto, got 'maybe'"),
+    ("train.precision=fp8", r"TrainConfig.precision: must be one of \('auto', 'float32'"),
     ("train.speed=3", r"train.speed: unknown field; train has .*learning_rate"),
     ("optimizer.lr=3", r"unknown section 'optimizer'; sections are pipeline, model, train, tokenizer, serving"),
     ("learning_rate=3", r"expected SECTION.FIELD=VALUE"),

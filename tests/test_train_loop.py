@@ -2,7 +2,10 @@
 
 import json
 import logging
+import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,7 +18,7 @@ from deepseek_tfx.trainer_module.train_loop import Checkpointer, TrainLoop, Warm
 
 TINY = get_preset("tiny").model.replace(vocab_size=97, bias_update_speed=0.0)
 STEP = TrainConfig(train_steps=20, batch_size=4, warmup_steps=2, log_every=5, checkpoint_every=0,
-                   eval_batches=0)
+                   eval_batches=0, precision="float32", jit_compile=False)
 
 
 def _loop(cfg=STEP, model_cfg=TINY, recompute=False, seed=0):
@@ -39,8 +42,8 @@ def _assert_same_loss_and_gradients(reference, other, rtol):
     """Gives ``other`` the weights of ``reference``; both compute loss and gradients on one batch."""
     x, y = _first(_data())
     other.model.set_weights(reference.model.get_weights())
-    loss_a, grads_a = reference._accumulated_gradients(x, y)
-    loss_b, grads_b = other._accumulated_gradients(x, y)
+    loss_a, grads_a, _ = reference._accumulated_gradients(x, y)
+    loss_b, grads_b, _ = other._accumulated_gradients(x, y)
     assert float(loss_a) == pytest.approx(float(loss_b), rel=rtol)
     for a, b in zip(grads_a, grads_b, strict=True):
         np.testing.assert_allclose(tf.convert_to_tensor(a), tf.convert_to_tensor(b), atol=1e-6, rtol=rtol)
@@ -86,17 +89,103 @@ def test_xla_compiled_step_matches_on_the_dense_model():
     x, y = _first(_data())
     plain, compiled = _loop(model_cfg=dense), _loop(STEP.replace(jit_compile=True), model_cfg=dense)
     compiled.model.set_weights(plain.model.get_weights())
-    loss_a, grads_a = plain._accumulated_gradients(x, y)
-    loss_b, grads_b = compiled._gradients(x, y)
+    loss_a, grads_a, _ = plain._accumulated_gradients(x, y)
+    loss_b, grads_b, _ = compiled._gradients(x, y)
     assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-4)
     assert len(grads_a) == len(grads_b) == len(plain.model.trainable_variables)
     for a, b in zip(grads_a, grads_b, strict=True):  # XLA reorders float sums: a small tolerance
         np.testing.assert_allclose(tf.convert_to_tensor(a), tf.convert_to_tensor(b), atol=2e-5, rtol=1e-3)
 
 
-def test_xla_with_moe_is_a_config_error():
-    with pytest.raises(ConfigError, match="jit_compile needs a model without MoE layers"):
-        _loop(STEP.replace(jit_compile=True))
+def test_xla_with_dropless_moe_is_a_config_error():
+    with pytest.raises(ConfigError, match="moe_dispatch capacity"):
+        _loop(STEP.replace(jit_compile=True, moe_dispatch="dropless"))
+    with pytest.raises(ConfigError, match="resolve 'auto'"):
+        _loop(STEP.replace(precision="auto"))
+
+
+def test_compiled_capacity_step_equals_the_dropless_step_when_nothing_is_dropped():
+    """XLA with capacity dispatch (factor E/K: capacity N, so no copy can be dropped) against the eager dropless
+    step on one batch: loss to 1e-4 relative, gradients to 2e-5 + 1e-3 relative (XLA reorders float sums)."""
+    experts, k = TINY.n_routed_experts, TINY.n_activated_experts
+    plain = _loop()
+    compiled = _loop(STEP.replace(jit_compile=True, moe_dispatch="auto", moe_capacity_factor=experts / k))
+    assert (plain.dispatch, compiled.dispatch) == ("dropless", "capacity")
+    x, y = _first(_data())
+    compiled.model.set_weights(plain.model.get_weights())
+    loss_a, grads_a, (load_a, dropped_a) = plain._accumulated_gradients(x, y)
+    loss_b, grads_b, (load_b, dropped_b) = compiled._gradients(x, y)
+    assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-4)
+    assert float(tf.reduce_sum(dropped_b)) == 0.0
+    for a, b in zip(load_a, load_b, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(grads_a, grads_b, strict=True):
+        np.testing.assert_allclose(tf.convert_to_tensor(a), tf.convert_to_tensor(b), atol=2e-5, rtol=1e-3)
+
+
+def _moe_input(model, x):
+    """What the first MoE layer receives for token ids ``x`` [B, T], as [B*T, D] (computed eagerly)."""
+    hidden = model.embed(x)
+    for block in model.blocks:
+        if block.is_moe:
+            return tf.reshape(block.ffn_norm(hidden + block.attn(block.attn_norm(hidden))), [-1, TINY.d_model])
+        hidden = block(hidden)
+    raise AssertionError("no MoE layer")
+
+
+def _numpy_dropped(model, x, capacity_factor):
+    """Token copies over capacity when the MoE layer routes ``x`` [B, T] (a NumPy count), and all copies."""
+    idx = model.moe_layers()[0].route(_moe_input(model, x))[0].numpy()
+    capacity = math.ceil(capacity_factor * idx.size / TINY.n_routed_experts)
+    taken, dropped = np.zeros(TINY.n_routed_experts, int), 0
+    for e in idx.T.ravel():  # k-major: every first choice, then every second choice
+        taken[e] += 1
+        dropped += int(taken[e] > capacity)
+    return dropped, idx.size
+
+
+def test_dropped_fraction_is_reported_per_step_and_matches_a_numpy_count(tmp_path, caplog):
+    """Small capacity, two micro-batches: the step returns, logs and writes the share of token copies over
+    capacity, equal to counting them in NumPy from the same routing."""
+    loop = _loop(STEP.replace(jit_compile=True, moe_capacity_factor=0.5, grad_accum_steps=2, train_steps=1,
+                              log_every=1))
+    x, y = _first(_data())
+    counts = [_numpy_dropped(loop.model, half, 0.5) for half in (x[:2], x[2:])]
+    dropped, copies = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    assert dropped > 0
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="deepseek_tfx.trainer_module.train_loop"):
+        loop.train(tf.data.Dataset.from_tensors((x, y)), 1, writer)
+    writer.flush()
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 1/1")]
+    assert f"dropped {100 * dropped / copies:.2f}%" in logged[0]
+    events = [v for f in tf.io.gfile.glob(str(tmp_path / "*")) for e in tf.compat.v1.train.summary_iterator(f)
+              for v in e.summary.value if v.tag == "moe/dropped_fraction/0"]
+    assert float(tf.make_ndarray(events[0].tensor)) == pytest.approx(dropped / copies)
+
+
+def test_the_balancing_bias_moves_once_per_step_on_the_whole_step_load():
+    """With a nonzero bias speed, two accumulated micro-batches move the bias exactly as one big batch does:
+    the load of both micro-batches, one update after the optimizer step."""
+    cfg = TINY.replace(bias_update_speed=0.01)
+    big, accumulated = _loop(model_cfg=cfg), _loop(STEP.replace(grad_accum_steps=2), model_cfg=cfg)
+    for loop in (big, accumulated):
+        loop.model.set_weights(big.model.get_weights())
+        loop.model.moe_layers()[0].expert_bias.assign([0.02, -0.01, 0.0, 0.01])
+    x, y = _first(_data())
+    expected_load = sum(np.bincount(
+        big.model.moe_layers()[0].route(_moe_input(big.model, half))[0].numpy().ravel(), minlength=4)
+        for half in (x[:2], x[2:]))
+    for loop in (big, accumulated):
+        loop._train_step(x, y)
+    moe_big, moe_acc = big.model.moe_layers()[0], accumulated.model.moe_layers()[0]
+    np.testing.assert_array_equal(moe_acc.expert_load.numpy(), expected_load)
+    np.testing.assert_array_equal(moe_big.expert_load.numpy(), expected_load)
+    np.testing.assert_allclose(moe_acc.expert_bias.numpy(), moe_big.expert_bias.numpy(), atol=1e-7)
+    expected_bias = np.array([0.02, -0.01, 0.0, 0.01]) + 0.01 * np.sign(expected_load.mean() - expected_load)
+    np.testing.assert_allclose(moe_acc.expert_bias.numpy(), expected_bias, atol=1e-7)
+    for a, b in zip(big.model.get_weights(), accumulated.model.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_checkpoint_restores_weights_optimizer_and_step(tmp_path):
@@ -384,3 +473,45 @@ def test_no_restorable_checkpoint_starts_from_zero_and_says_so(tmp_path, caplog)
     for a, b in zip(untouched.model.get_weights(), fresh.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)  # nothing of a failed attempt is left behind
     assert "No checkpoint in" in caplog.text and "training starts from step 0" in caplog.text
+
+
+_REPLICA_SCRIPT = r"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from deepseek_tfx.trainer_module.model import DeepSeekLM
+from deepseek_tfx.trainer_module.train_loop import TrainLoop, make_optimizer
+from tests.test_train_loop import STEP, TINY, _data, _first
+
+cfg = TINY.replace(bias_update_speed=0.01)
+out, weights = {}, None
+for name, strategy in (("one", tf.distribute.get_strategy()),
+                       ("two", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))):
+    with strategy.scope():
+        model = DeepSeekLM(cfg)
+        model(tf.zeros([1, 8], tf.int64))
+        weights = weights or model.get_weights()
+        model.set_weights(weights)
+        loop = TrainLoop(model, make_optimizer(model, STEP), strategy, STEP)
+    ds = tf.data.Dataset.from_tensors(_first(_data()))
+    loop._train_step(*next(iter(strategy.experimental_distribute_dataset(ds))))
+    moe = model.moe_layers()[0]
+    out[name] = {"replicas": strategy.num_replicas_in_sync, "load": moe.expert_load.numpy().tolist(),
+                 "bias": moe.expert_bias.numpy().tolist()}
+json.dump(out, sys.stdout)
+"""
+
+
+def test_the_balancing_bias_sees_the_load_of_every_replica():
+    """MirroredStrategy over two CPU devices (a fresh process: devices are fixed at start-up): each replica
+    routes half the batch, and the bias moves on the load of both halves, as on one device."""
+    done = subprocess.run([sys.executable, "-c", _REPLICA_SCRIPT], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (out["one"]["replicas"], out["two"]["replicas"]) == (1, 2)
+    assert sum(out["two"]["load"]) == 4 * TINY.context_len * TINY.n_activated_experts  # both halves counted
+    assert out["two"]["load"] == out["one"]["load"]
+    np.testing.assert_allclose(out["two"]["bias"], out["one"]["bias"], atol=1e-7)

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from tests.trainer_inputs import fn_args
-from deepseek_tfx.trainer_module import trainer
+from deepseek_tfx.trainer_module import autotune, trainer
 from deepseek_tfx.trainer_module.config import get_preset
 from deepseek_tfx.trainer_module.model import DeepSeekLM
 from deepseek_tfx.trainer_module.tokenizer import ByteTokenizer
@@ -166,20 +166,32 @@ def _tensorboard(directory: str) -> dict:
     return found
 
 
-def test_tensorboard_logs_train_eval_and_hparams(trainer_inputs, tmp_path):
+def test_tensorboard_logs_train_eval_and_hparams(trainer_inputs, tmp_path, monkeypatch):
+    """Also the automatic precision: a (faked) CPU probe where float32 with XLA measured fastest makes the
+    Trainer compile its step, with capacity dispatch, and record the choice and its reason."""
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    custom = {**_custom(eval_every=20), "checkpoint_root": str(tmp_path / "ckpt")}
+    rates = {("float32", False): 900.0, ("float32", True): 1000.0, ("mixed_bfloat16", False): 400.0,
+             ("mixed_bfloat16", True): 800.0}
+    monkeypatch.setattr(autotune, "measure_step", lambda model, train, precision, jit, micro: rates[precision, jit])
+    custom = {**_custom(eval_every=20, precision="auto", jit_compile="auto"), "checkpoint_root": str(tmp_path / "ckpt")}
     args = fn_args(trainer_inputs, str(tmp_path), 40, custom)
     trainer.run_fn(args)
     run_dir = args.model_run_dir
+    summary = _summary(args)
+    assert summary["autotune"]["precision"] == "float32" and summary["autotune"]["jit_compile"] is True
+    assert summary["autotune"]["reason"].startswith("CPU, measured tokens/s of a one-block probe: float32+xla 1,000")
+    assert summary["train"]["precision"] == "float32" and summary["train"]["jit_compile"] is True
+    assert summary["moe_dispatch"] == "capacity"
+    assert len(os.listdir(tmp_path / "ckpt" / "autotune")) == 1  # the probe's result, kept for the next run
 
     train = _tensorboard(os.path.join(run_dir, "train"))
     every_log = list(range(5, 41, 5))  # log_every=5
     for tag in ("train/loss", "train/grad_norm", "train/learning_rate", "train/tokens_per_second", "train/mfu"):
         assert [step for step, _ in train[tag]] == every_log, tag
     moe_layers = TINY.model.n_layers - TINY.model.n_dense_layers
-    assert {t for t in train if t.startswith("moe/")} == {f"moe/load_max_over_mean/{i}" for i in range(moe_layers)}
+    assert {t for t in train if t.startswith("moe/")} == {
+        f"moe/{name}/{i}" for i in range(moe_layers) for name in ("load_max_over_mean", "dropped_fraction")}
     losses = [float(tf.make_ndarray(v.tensor)) for _, v in train["train/loss"]]
     assert losses[-1] < losses[0] and all(math.isfinite(x) for x in losses)
     assert float(tf.make_ndarray(train["train/loss"][-1][1].tensor)) == pytest.approx(
@@ -201,3 +213,4 @@ def test_tensorboard_logs_train_eval_and_hparams(trainer_inputs, tmp_path):
     assert recorded["model/d_model"] == TINY.model.d_model
     assert recorded["train/learning_rate"] == pytest.approx(TINY.train.learning_rate)
     assert recorded["train/eval_every"] == 20
+    assert recorded["train/jit_compile"] is True and recorded["autotune/reason"] == summary["autotune"]["reason"]

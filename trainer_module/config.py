@@ -78,12 +78,35 @@ class ModelConfig:
     """Step gamma of the auxiliary-loss-free balancing bias update (DeepSeek-V3, sec. 2.1.2)."""
     seq_aux_loss_weight: float = 0.0
     """alpha of the optional sequence-wise balance loss (DeepSeek-V3 eq. 17-20); 0 turns it off."""
+    score_func: str = "sigmoid"
+    """Router affinities: sigmoid (DeepSeek-V3) or softmax over the experts (DeepSeek-V2)."""
+    normalize_gates: bool = True
+    """Renormalise the chosen experts' gate weights to sum to one (V3: yes; V2: no)."""
+    n_expert_groups: int = 1
+    """Groups of routed experts for group-limited routing (V2: 8, V3: 8); 1 turns it off."""
+    n_limited_groups: int = 1
+    """Groups a token may route to (V2: 3, V3: 4)."""
+    group_score: str = "top2_sum"
+    """How a group is scored for group-limited routing: max (V2) or top2_sum (V3)."""
     mtp_depth: int = 0
     """Multi-token prediction modules (DeepSeek-V3 sec. 2.2): 0 (off) or 1 (also predict token t+2)."""
     mtp_loss_weight: float = 0.3
     """lambda: weight of the multi-token prediction loss when mtp_depth is 1."""
     rope_theta: float = 10000.0
     """Base of the rotary embedding frequencies."""
+    rope_scaling: str = "none"
+    """none, or yarn: YaRN's frequency interpolation and attention temperature for a context_len beyond
+    rope_original_context_len (DeepSeek-V2/V3's long-context extension)."""
+    rope_factor: float = 40.0
+    """YaRN's scale s: how many times longer than the original context (DeepSeek-V3: 40)."""
+    rope_original_context_len: int = 4096
+    """YaRN: the context the rotary frequencies were first trained for (DeepSeek-V3: 4096)."""
+    rope_beta_fast: float = 32.0
+    """YaRN: dimensions turning more than this many times over the original context keep their frequency."""
+    rope_beta_slow: float = 1.0
+    """YaRN: dimensions turning fewer than this many times are interpolated fully."""
+    rope_mscale: float = 1.0
+    """YaRN: the softmax scale is multiplied by (0.1 * rope_mscale * ln(rope_factor) + 1)^2."""
     norm_eps: float = 1e-6
     """Epsilon of every RMSNorm."""
     dense: bool = False
@@ -103,6 +126,15 @@ class ModelConfig:
         require_field(self.mtp_depth in (0, 1), name, "mtp_depth", f"must be 0 or 1, got {self.mtp_depth}")
         require_field(self.seq_aux_loss_weight >= 0, name, "seq_aux_loss_weight",
                       f"must be >= 0, got {self.seq_aux_loss_weight}")
+        require_field(self.rope_scaling in ("none", "yarn"), name, "rope_scaling",
+                      f"must be none or yarn, got {self.rope_scaling!r}")
+        if self.rope_scaling == "yarn":
+            require_field(self.rope_factor > 1, name, "rope_factor", f"must be > 1 with YaRN, got {self.rope_factor}")
+            require_field(0 < self.rope_original_context_len < self.context_len, name, "rope_original_context_len",
+                          f"must be within [1, context_len={self.context_len}) with YaRN (YaRN only changes a "
+                          f"context longer than the original), got {self.rope_original_context_len}")
+            require_field(self.rope_beta_fast > self.rope_beta_slow > 0, name, "rope_beta_fast",
+                          f"must be > rope_beta_slow > 0, got {self.rope_beta_fast} and {self.rope_beta_slow}")
         if not self.dense and self.n_dense_layers < self.n_layers:
             require_field(self.n_routed_experts > 0, name, "n_routed_experts",
                           f"must be > 0 for a MoE model, got {self.n_routed_experts}")
@@ -114,10 +146,32 @@ class ModelConfig:
                           f"must be > 0, got {self.moe_inter_dim}")
             require_field(self.n_shared_experts >= 0, name, "n_shared_experts",
                           f"must be >= 0, got {self.n_shared_experts}")
+            require_field(self.score_func in ("sigmoid", "softmax"), name, "score_func",
+                          f"must be sigmoid or softmax, got {self.score_func!r}")
+            require_field(self.group_score in ("max", "top2_sum"), name, "group_score",
+                          f"must be max or top2_sum, got {self.group_score!r}")
+            groups = self.n_expert_groups
+            require_field(groups > 0 and self.n_routed_experts % groups == 0, name, "n_expert_groups",
+                          f"must be > 0 and divide n_routed_experts={self.n_routed_experts}, got {groups}")
+            require_field(0 < self.n_limited_groups <= groups, name, "n_limited_groups",
+                          f"must be within [1, n_expert_groups={groups}], got {self.n_limited_groups}")
+            require_field(groups == 1 or self.n_limited_groups * self.n_routed_experts // groups
+                          >= self.n_activated_experts, name, "n_limited_groups",
+                          f"{self.n_limited_groups} groups of {self.n_routed_experts // groups} experts cannot "
+                          f"hold n_activated_experts={self.n_activated_experts}")
+            require_field(groups == 1 or self.group_score == "max" or self.n_routed_experts // groups >= 2,
+                          name, "group_score", "top2_sum needs at least 2 experts per group")
 
     @property
     def uses_moe(self) -> bool:
         return not self.dense and self.n_dense_layers < self.n_layers
+
+    def yarn(self) -> dict[str, Any] | None:
+        """YaRN's settings for the attention layers, or None when rope_scaling is none."""
+        if self.rope_scaling != "yarn":
+            return None
+        return {"factor": self.rope_factor, "original_context_len": self.rope_original_context_len,
+                "beta_fast": self.rope_beta_fast, "beta_slow": self.rope_beta_slow, "mscale": self.rope_mscale}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -130,7 +184,8 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
+MOE_DISPATCHES = ("auto", "dropless", "capacity")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +206,9 @@ class TrainConfig:
     """AdamW decoupled weight decay, applied to matrices only."""
     grad_clip_norm: float = 1.0
     """Global-norm gradient clipping; 0 disables it."""
-    precision: str = "float32"
-    """One of float32, mixed_bfloat16, mixed_float16."""
+    precision: str = "auto"
+    """auto (decided from the device at start-up: trainer_module.autotune), float32, mixed_bfloat16 or
+    mixed_float16."""
     seed: int = 1234
     """Seed for weight init, shuffling and sampling."""
     shuffle_buffer: int = 2048
@@ -165,8 +221,15 @@ class TrainConfig:
     """Also score the eval batches every this many steps, for the eval loss curve; 0: only at the end."""
     grad_accum_steps: int = 1
     """Micro-batches per optimizer step; each is batch_size / grad_accum_steps sequences."""
-    jit_compile: bool = False
-    """Compile the train step with XLA (dense models only: MoE dispatch has data-dependent shapes)."""
+    jit_compile: bool | str = "auto"
+    """Compile the train step's loss and gradients with XLA: true, false or auto (decided from the device at
+    start-up, like precision). A compiled MoE model uses capacity dispatch."""
+    moe_dispatch: str = "auto"
+    """How routed experts get their tokens in training: dropless (sorted, exact, data-dependent shapes),
+    capacity (static shapes, drops copies over capacity; what XLA needs) or auto (capacity when the step is
+    compiled, dropless otherwise). Evaluation and serving always run dropless."""
+    moe_capacity_factor: float = 1.25
+    """Capacity dispatch: each expert takes at most ceil(factor * tokens * K / E) token copies."""
     recompute_attention: bool = False
     """Recompute each block's attention in the backward pass instead of keeping its activations."""
     checkpoint_every: int = 50
@@ -190,6 +253,12 @@ class TrainConfig:
                       f"must be >= 0, got {self.grad_clip_norm}")
         require_field(self.precision in PRECISIONS, name, "precision",
                       f"must be one of {PRECISIONS}, got {self.precision!r}")
+        require_field(self.jit_compile in (True, False, "auto"), name, "jit_compile",
+                      f"must be true, false or auto, got {self.jit_compile!r}")
+        require_field(self.moe_dispatch in MOE_DISPATCHES, name, "moe_dispatch",
+                      f"must be one of {MOE_DISPATCHES}, got {self.moe_dispatch!r}")
+        require_field(self.moe_capacity_factor > 0, name, "moe_capacity_factor",
+                      f"must be > 0, got {self.moe_capacity_factor}")
         require_field(self.shuffle_buffer > 0, name, "shuffle_buffer",
                       f"must be > 0, got {self.shuffle_buffer}")
         require_field(self.eval_batches >= 0, name, "eval_batches",
@@ -302,8 +371,9 @@ PRESETS: dict[str, Preset] = {
             moe_inter_dim=32, n_routed_experts=4, n_shared_experts=1, n_activated_experts=2,
             n_dense_layers=1,
         ),
+        # Explicit precision and XLA: probing the device would take longer than this preset's training.
         train=TrainConfig(train_steps=30, batch_size=8, warmup_steps=5, log_every=10,
-                          eval_batches=2, eval_every=10),
+                          eval_batches=2, eval_every=10, precision="float32", jit_compile=False),
         description="2 layers, width 64: for tests; trains in seconds.",
     ),
     "small": Preset(
@@ -317,6 +387,9 @@ PRESETS: dict[str, Preset] = {
             q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
             v_head_dim=128, inter_dim=10944, moe_inter_dim=1408, n_routed_experts=64,
             n_shared_experts=2, n_activated_experts=6, n_dense_layers=1,
+            # V2 routing: softmax gate, no top-k renormalisation, an expert-level balance loss (alpha_1
+            # 0.001 for Lite) instead of V3's bias.
+            score_func="softmax", normalize_gates=False, bias_update_speed=0.0, seq_aux_loss_weight=0.001,
         ),
         train=TrainConfig(batch_size=512, learning_rate=4.2e-4, warmup_steps=2000),
         description="DeepSeek-V2-Lite's shape (15.7B total, 2.4B activated): on paper only.",
@@ -327,6 +400,10 @@ PRESETS: dict[str, Preset] = {
             q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
             v_head_dim=128, inter_dim=12288, moe_inter_dim=1536, n_routed_experts=160,
             n_shared_experts=2, n_activated_experts=6, n_dense_layers=1, route_scale=16.0,
+            # V2 routing: softmax gate without renormalisation, device-limited to 3 of 8 groups scored by
+            # their best expert, an expert-level balance loss (alpha_1 0.003).
+            score_func="softmax", normalize_gates=False, n_expert_groups=8, n_limited_groups=3,
+            group_score="max", bias_update_speed=0.0, seq_aux_loss_weight=0.003,
         ),
         train=TrainConfig(batch_size=2304, learning_rate=2.4e-4, warmup_steps=2000),
         description="DeepSeek-V2's shape (236B total, 21B activated): on paper only.",
@@ -337,6 +414,10 @@ PRESETS: dict[str, Preset] = {
             q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
             v_head_dim=128, inter_dim=18432, moe_inter_dim=2048, n_routed_experts=256,
             n_shared_experts=1, n_activated_experts=8, n_dense_layers=3, route_scale=2.5,
+            # V3 routing: sigmoid gate renormalised over the chosen experts, node-limited to 4 of 8 groups
+            # scored by their two best biased affinities, bias balancing plus a tiny sequence-wise loss.
+            score_func="sigmoid", normalize_gates=True, n_expert_groups=8, n_limited_groups=4,
+            group_score="top2_sum", bias_update_speed=0.001, seq_aux_loss_weight=0.0001,
         ),
         train=TrainConfig(batch_size=15360, learning_rate=2.2e-4, warmup_steps=2000),
         description="DeepSeek-V3's shape (671B total, 37B activated, without MTP): on paper only.",

@@ -64,9 +64,44 @@ class RMSNorm(keras.layers.Layer):
         return {**super().get_config(), "epsilon": self.epsilon}
 
 
-def rope_angles(positions: tf.Tensor, rot_dim: int, theta: float) -> tuple[tf.Tensor, tf.Tensor]:
-    """Returns (cos, sin) of shape positions.shape + [rot_dim // 2], float32."""
-    inv_freq = 1.0 / (theta ** (tf.range(0, rot_dim, 2, dtype=tf.float32) / rot_dim))
+def yarn_inv_freq(rot_dim: int, theta: float, scaling: dict) -> list[float]:
+    """YaRN's rotary frequencies (Peng et al., 2023) as DeepSeek-V3's ``precompute_freqs_cis`` computes them.
+
+    Dimensions that turn fewer than ``beta_slow`` times over the original context are interpolated
+    (frequency / factor), those that turn more than ``beta_fast`` times keep theirs, and a linear ramp
+    blends the dimensions between.
+    """
+    factor, original = scaling["factor"], scaling["original_context_len"]
+
+    def correction_dim(rotations):
+        return rot_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(correction_dim(scaling["beta_fast"])), 0)
+    high = min(math.ceil(correction_dim(scaling["beta_slow"])), rot_dim - 1)
+    high = high + 0.001 if low == high else high
+    freqs = []
+    for i in range(rot_dim // 2):
+        base = 1.0 / theta ** (2 * i / rot_dim)
+        smooth = 1 - min(max((i - low) / (high - low), 0.0), 1.0)
+        freqs.append(base / factor * (1 - smooth) + base * smooth)
+    return freqs
+
+
+def yarn_softmax_scale(scaling: dict | None) -> float:
+    """YaRN's attention temperature: the softmax scale is multiplied by mscale^2 (DeepSeek-V3's MLA)."""
+    if not scaling:
+        return 1.0
+    mscale = 0.1 * scaling["mscale"] * math.log(scaling["factor"]) + 1.0
+    return mscale * mscale
+
+
+def rope_angles(positions: tf.Tensor, rot_dim: int, theta: float,
+                scaling: dict | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+    """Returns (cos, sin) of shape positions.shape + [rot_dim // 2], float32; ``scaling``: YaRN's, or None."""
+    if scaling:
+        inv_freq = tf.constant(yarn_inv_freq(rot_dim, theta, scaling), tf.float32)
+    else:
+        inv_freq = 1.0 / (theta ** (tf.range(0, rot_dim, 2, dtype=tf.float32) / rot_dim))
     angles = tf.cast(positions, tf.float32)[..., None] * inv_freq
     return tf.cos(angles), tf.sin(angles)
 
@@ -147,6 +182,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         v_head_dim: per-head value dims.
         rope_theta: RoPE base.
         norm_eps: RMSNorm epsilon.
+        rope_scaling: YaRN's settings (``factor``, ``original_context_len``, ``beta_fast``,
+            ``beta_slow``, ``mscale``; ModelConfig.yarn()) or None for plain RoPE.
 
     Example:
         >>> mla = MultiHeadLatentAttention(64, 2, 0, 32, 16, 8, 16)
@@ -155,7 +192,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
 
     def __init__(self, d_model: int, n_heads: int, q_lora_rank: int, kv_lora_rank: int,
                  qk_nope_head_dim: int, qk_rope_head_dim: int, v_head_dim: int,
-                 rope_theta: float = 10000.0, norm_eps: float = 1e-6, **kwargs):
+                 rope_theta: float = 10000.0, norm_eps: float = 1e-6, rope_scaling: dict | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.d_model = d_model
         self.n_heads = n_heads
@@ -166,8 +204,9 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         self.v_head_dim = v_head_dim
         self.rope_theta = rope_theta
         self.norm_eps = norm_eps
+        self.rope_scaling = dict(rope_scaling) if rope_scaling else None
         self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
-        self.softmax_scale = 1.0 / math.sqrt(self.qk_head_dim)
+        self.softmax_scale = yarn_softmax_scale(self.rope_scaling) / math.sqrt(self.qk_head_dim)
         policy = self.dtype_policy
         if q_lora_rank > 0:
             self.wq_a = _dense(q_lora_rank, "wq_a", policy)
@@ -212,7 +251,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
     def prefill(self, x, key_mask=None, cache_len=None):
         """Full causal attention over x [B, T, D]; also returns the cache (c_kv, k_pe) padded to cache_len."""
         t = tf.shape(x)[1]
-        cos, sin = rope_angles(tf.range(t)[None, :], self.qk_rope_head_dim, self.rope_theta)
+        cos, sin = rope_angles(tf.range(t)[None, :], self.qk_rope_head_dim, self.rope_theta, self.rope_scaling)
         q_nope, q_pe = self._queries(x, cos, sin)
         c_kv, k_pe = self.latent(x, cos, sin)
         out = self.attend(q_nope, q_pe, c_kv, k_pe, _attention_bias(t, t, 0, key_mask))
@@ -229,7 +268,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         the absorbed form: W_UK is folded into the query and W_UV into the output,
         so per-head keys and values are never rebuilt from the cache.
         """
-        cos, sin = rope_angles(tf.reshape(position, [1, 1]), self.qk_rope_head_dim, self.rope_theta)
+        cos, sin = rope_angles(tf.reshape(position, [1, 1]), self.qk_rope_head_dim, self.rope_theta,
+                               self.rope_scaling)
         q_nope, q_pe = self._queries(x, cos, sin)
         c_new, k_new = self.latent(x, cos, sin)
         c_kv = _write(cache[0], c_new, position)
@@ -253,7 +293,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             "d_model": self.d_model, "n_heads": self.n_heads, "q_lora_rank": self.q_lora_rank,
             "kv_lora_rank": self.kv_lora_rank, "qk_nope_head_dim": self.qk_nope_head_dim,
             "qk_rope_head_dim": self.qk_rope_head_dim, "v_head_dim": self.v_head_dim,
-            "rope_theta": self.rope_theta, "norm_eps": self.norm_eps,
+            "rope_theta": self.rope_theta, "norm_eps": self.norm_eps, "rope_scaling": self.rope_scaling,
         }
 
 
@@ -264,13 +304,15 @@ class MultiHeadAttention(keras.layers.Layer):
         d_model: model width D; head dim is D / H.
         n_heads: heads H.
         rope_theta: RoPE base.
+        rope_scaling: YaRN's settings or None (as in MultiHeadLatentAttention).
 
     Example:
         >>> mha = MultiHeadAttention(64, 4)
         >>> y = mha(tf.random.normal([2, 5, 64]))
     """
 
-    def __init__(self, d_model: int, n_heads: int, rope_theta: float = 10000.0, **kwargs):
+    def __init__(self, d_model: int, n_heads: int, rope_theta: float = 10000.0, rope_scaling: dict | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
         if d_model % n_heads or (d_model // n_heads) % 2:
             raise ValueError(f"d_model={d_model} must split into n_heads={n_heads} heads of even size")
@@ -278,17 +320,19 @@ class MultiHeadAttention(keras.layers.Layer):
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
         self.rope_theta = rope_theta
+        self.rope_scaling = dict(rope_scaling) if rope_scaling else None
         self.wqkv = _dense(3 * d_model, "wqkv", self.dtype_policy)
         self.wo = _dense(d_model, "wo", self.dtype_policy)
 
     def _qkv(self, x, positions):
         qkv = tf.reshape(self.wqkv(x), tf.concat([tf.shape(x)[:2], [3, self.n_heads, self.head_dim]], 0))
         q, k, v = tf.unstack(qkv, axis=2)  # BTHd each
-        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
+        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta, self.rope_scaling)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _attend(self, q, k, v, bias):
-        scores = tf.cast(tf.einsum("bthd,bshd->bhts", q, k), tf.float32) / math.sqrt(self.head_dim)
+        scale = yarn_softmax_scale(self.rope_scaling) / math.sqrt(self.head_dim)
+        scores = tf.cast(tf.einsum("bthd,bshd->bhts", q, k), tf.float32) * scale
         probs = tf.cast(tf.nn.softmax(scores + bias, -1), v.dtype)
         out = tf.einsum("bhts,bshd->bthd", probs, v)
         return self.wo(tf.reshape(out, tf.concat([tf.shape(q)[:2], [self.d_model]], 0)))
@@ -314,23 +358,40 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "d_model": self.d_model, "n_heads": self.n_heads,
-                "rope_theta": self.rope_theta}
+                "rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling}
+
+
+SCORE_FUNCS = ("sigmoid", "softmax")
+GROUP_SCORES = ("max", "top2_sum")
 
 
 class DeepSeekMoE(keras.layers.Layer):
-    """Shared plus fine-grained routed experts with auxiliary-loss-free balancing.
+    """Shared plus fine-grained routed experts, routed as DeepSeek-V2 and V3 publish it.
 
-    Each token's affinity to expert i is s_i = sigmoid(u . e_i). Experts are
-    selected by top-K of s_i + b_i, where b is a non-trainable balancing bias;
-    gate weights come from the unbiased s of the selected experts, renormalised
-    to sum to one and multiplied by route_scale. After each training step b_i
-    moves by bias_update_speed toward balance: down for overloaded experts, up
-    for underloaded ones. It is not touched by gradients.
+    Routing (DeepSeek-V3's ``Gate``): affinities s = sigmoid(u . e_i) (V3) or
+    softmax over the experts (V2). Experts are selected by top-K of s + b, where b
+    is a non-trainable balancing bias; with ``n_expert_groups`` > 1 only experts in
+    the ``n_limited_groups`` best groups may be chosen, a group scored by its best
+    biased affinity (``max``, V2) or the sum of its two best (``top2_sum``, V3).
+    Gate weights are the unbiased s of the chosen experts, renormalised to sum to
+    one when ``normalize_gates`` (V3; V2 does not), times ``route_scale``.
 
-    Dispatch is dropless: token copies are sorted by expert, each expert runs one
-    matmul on exactly its tokens, and results are summed back per token. No token
-    is dropped and no compute is spent on padding, which suits CPU and small
-    batches; a capacity-based einsum would be needed for XLA's static shapes.
+    Balancing: the layer does not change its own state. In training, each call
+    leaves ``step_stats`` (the tokens each expert was asked to take, [E], and the
+    token copies dropped for capacity); the train step sums them over its
+    micro-batches and replicas and calls ``update_balance`` once per optimizer
+    step: b_i moves by bias_update_speed toward balance (down for overloaded
+    experts, up for underloaded ones). It is not touched by gradients.
+
+    Dispatch, two ways with the same result when nothing is dropped:
+      * dropless (``capacity_factor`` None, the default): token copies sorted by
+        expert, one matmul per expert on exactly its tokens. No padding, no drop;
+        its shapes depend on the routing, so XLA cannot compile it.
+      * capacity (GShard / Switch style, ``capacity_factor`` > 0, training only):
+        each expert takes at most C = ceil(capacity_factor * N * K / E) token copies
+        (first choices fill it before second choices), laid out in a static
+        [E, C, D] buffer for one batched matmul; copies over C are dropped (they
+        add nothing; the shared expert and the residual still carry the token).
 
     Args:
         d_model: model width D.
@@ -339,9 +400,14 @@ class DeepSeekMoE(keras.layers.Layer):
         n_shared_experts: shared experts, fused into one SwiGLU of width
             n_shared_experts * moe_inter_dim.
         n_activated_experts: K experts chosen per token.
-        route_scale: scale on the renormalised gate weights.
+        route_scale: scale on the gate weights.
         bias_update_speed: step gamma of the bias update.
         seq_aux_loss_weight: alpha of the optional sequence-wise balance loss (0: off).
+        score_func: ``sigmoid`` (V3) or ``softmax`` (V2) affinities.
+        normalize_gates: renormalise the chosen experts' gate weights to sum to one.
+        n_expert_groups: groups the experts are split into for group-limited routing (1: off).
+        n_limited_groups: groups each token may route to.
+        group_score: how a group is scored: ``max`` (V2) or ``top2_sum`` (V3).
 
     Example:
         >>> moe = DeepSeekMoE(64, 32, n_routed_experts=4, n_shared_experts=1, n_activated_experts=2)
@@ -350,8 +416,17 @@ class DeepSeekMoE(keras.layers.Layer):
 
     def __init__(self, d_model: int, moe_inter_dim: int, n_routed_experts: int,
                  n_shared_experts: int, n_activated_experts: int, route_scale: float = 1.0,
-                 bias_update_speed: float = 0.001, seq_aux_loss_weight: float = 0.0, **kwargs):
+                 bias_update_speed: float = 0.001, seq_aux_loss_weight: float = 0.0,
+                 score_func: str = "sigmoid", normalize_gates: bool = True, n_expert_groups: int = 1,
+                 n_limited_groups: int = 1, group_score: str = "top2_sum", **kwargs):
         super().__init__(**kwargs)
+        if score_func not in SCORE_FUNCS:
+            raise ValueError(f"score_func must be one of {SCORE_FUNCS}, got {score_func!r}")
+        if group_score not in GROUP_SCORES:
+            raise ValueError(f"group_score must be one of {GROUP_SCORES}, got {group_score!r}")
+        if n_routed_experts % n_expert_groups or not 0 < n_limited_groups <= n_expert_groups:
+            raise ValueError(f"n_expert_groups={n_expert_groups} must divide n_routed_experts={n_routed_experts} "
+                             f"and n_limited_groups={n_limited_groups} must be within [1, n_expert_groups]")
         self.d_model = d_model
         self.moe_inter_dim = moe_inter_dim
         self.n_routed_experts = n_routed_experts
@@ -360,6 +435,15 @@ class DeepSeekMoE(keras.layers.Layer):
         self.route_scale = route_scale
         self.bias_update_speed = bias_update_speed
         self.seq_aux_loss_weight = seq_aux_loss_weight
+        self.score_func = score_func
+        self.normalize_gates = normalize_gates
+        self.n_expert_groups = n_expert_groups
+        self.n_limited_groups = n_limited_groups
+        self.group_score = group_score
+        self.capacity_factor: float | None = None
+        """Set by the train loop: None dispatches dropless, a number by capacity (training calls only)."""
+        self.step_stats = None
+        """(requested load [E] float32, dropped token copies float32) of the last training call."""
         self.shared = (SwiGLU(n_shared_experts * moe_inter_dim, d_model, name="shared_experts",
                               dtype=self.dtype_policy) if n_shared_experts > 0 else None)
 
@@ -384,19 +468,37 @@ class DeepSeekMoE(keras.layers.Layer):
 
     def route(self, x2):
         """Router for tokens x2 [N, D]: returns (expert ids [N, K], gate weights [N, K] float32, scores [N, E])."""
-        scores = tf.sigmoid(tf.matmul(tf.cast(x2, tf.float32), self.gate))  # NE
-        _, idx = tf.math.top_k(scores + self.expert_bias, k=self.n_activated_experts)  # NK
+        logits = tf.matmul(tf.cast(x2, tf.float32), self.gate)  # NE
+        scores = tf.nn.softmax(logits, axis=-1) if self.score_func == "softmax" else tf.sigmoid(logits)
+        biased = scores + self.expert_bias
+        g = self.n_expert_groups
+        if g > 1:
+            grouped = tf.reshape(biased, [-1, g, self.n_routed_experts // g])  # N G E/G
+            if self.group_score == "max":
+                group_scores = tf.reduce_max(grouped, axis=-1)
+            else:
+                group_scores = tf.reduce_sum(tf.math.top_k(grouped, k=2).values, axis=-1)
+            _, groups = tf.math.top_k(group_scores, k=self.n_limited_groups)  # N, limited groups
+            allowed = tf.reduce_sum(tf.one_hot(groups, g), axis=1) > 0  # NG
+            allowed = tf.repeat(allowed, self.n_routed_experts // g, axis=1)  # NE
+            biased = tf.where(allowed, biased, float("-inf"))
+        _, idx = tf.math.top_k(biased, k=self.n_activated_experts)  # NK
         weights = tf.gather(scores, idx, batch_dims=1)
-        weights = weights / tf.reduce_sum(weights, axis=-1, keepdims=True) * self.route_scale
-        return idx, weights, scores
+        if self.normalize_gates:
+            weights = weights / tf.reduce_sum(weights, axis=-1, keepdims=True)
+        return idx, weights * self.route_scale, scores
 
-    def call(self, x, training=None):
-        shape = tf.shape(x)
-        x2 = tf.reshape(x, [-1, self.d_model])  # ND
-        n = tf.shape(x2)[0]
-        idx, weights, scores = self.route(x2)
-        k, e = self.n_activated_experts, self.n_routed_experts
+    def capacity(self, n_tokens):
+        """Token copies each expert takes under capacity dispatch: ceil(factor * N * K / E), at most N."""
+        e, k = self.n_routed_experts, self.n_activated_experts
+        if isinstance(n_tokens, int):
+            return max(1, min(n_tokens, math.ceil(self.capacity_factor * n_tokens * k / e)))
+        wanted = tf.math.ceil(self.capacity_factor * tf.cast(n_tokens * k, tf.float32) / e)
+        return tf.clip_by_value(tf.cast(wanted, tf.int32), 1, n_tokens)
 
+    def _dropless(self, x2, idx, weights, n):
+        """Routed output [N, D] and load [E]: each expert's matmul on exactly its token copies."""
+        e, k = self.n_routed_experts, self.n_activated_experts
         flat_expert = tf.reshape(idx, [-1])  # (N*K)
         flat_token = tf.repeat(tf.range(n), k)
         flat_weight = tf.reshape(weights, [-1])
@@ -409,18 +511,51 @@ class DeepSeekMoE(keras.layers.Layer):
         for j in range(e):
             h = tf.nn.silu(tf.matmul(chunks[j], self.w1[j])) * tf.matmul(chunks[j], self.w3[j])
             ys.append(tf.matmul(h, self.w2[j]))
-        y = tf.concat(ys, axis=0) * tf.cast(tf.gather(flat_weight, order), x.dtype)[:, None]
-        routed = tf.math.unsorted_segment_sum(y, sorted_token, n)
-        out = routed + self.shared(x2) if self.shared is not None else routed
+        y = tf.concat(ys, axis=0) * tf.cast(tf.gather(flat_weight, order), x2.dtype)[:, None]
+        return tf.math.unsorted_segment_sum(y, sorted_token, n), tf.cast(counts, tf.float32)
 
+    def _capacity_dispatch(self, x2, idx, weights, n):
+        """Routed output [N, D], load [E] and dropped copies: static [E, C, D] buffers, copies over C dropped."""
+        e, k = self.n_routed_experts, self.n_activated_experts
+        cap = self.capacity(n)
+        # k-major order: every token's first choice claims a slot before any second choice.
+        flat_expert = tf.reshape(tf.transpose(idx), [-1])  # (K*N)
+        flat_token = tf.tile(tf.range(n), [k])
+        flat_weight = tf.reshape(tf.transpose(weights), [-1])
+        onehot = tf.one_hot(flat_expert, e, dtype=tf.int32)  # (K*N) E
+        position = tf.reduce_sum(tf.cumsum(onehot, axis=0, exclusive=True) * onehot, axis=1)
+        kept = position < cap
+        slot = tf.where(kept, flat_expert * cap + position, e * cap)  # a dropped copy goes to a spare row
+        xs = tf.math.unsorted_segment_sum(tf.gather(x2, flat_token), slot, e * cap + 1)[:-1]
+        xs = tf.reshape(xs, [e, cap, self.d_model])  # E C D
+        h = tf.nn.silu(tf.einsum("ecd,edi->eci", xs, self.w1)) * tf.einsum("ecd,edi->eci", xs, self.w3)
+        ys = tf.reshape(tf.einsum("eci,eid->ecd", h, self.w2), [e * cap, self.d_model])
+        ys = tf.concat([ys, tf.zeros([1, self.d_model], ys.dtype)], axis=0)
+        gate = tf.cast(tf.where(kept, flat_weight, 0.0), x2.dtype)
+        routed = tf.math.unsorted_segment_sum(tf.gather(ys, slot) * gate[:, None], flat_token, n)
+        load = tf.cast(tf.reduce_sum(onehot, axis=0), tf.float32)
+        return routed, load, tf.reduce_sum(tf.cast(tf.logical_not(kept), tf.float32))
+
+    def call(self, x, training=None):
+        shape = tf.shape(x)
+        x2 = tf.reshape(x, [-1, self.d_model])  # ND
+        n = x2.shape[0] if x2.shape[0] is not None else tf.shape(x2)[0]  # static when known (XLA)
+        idx, weights, scores = self.route(x2)
+        if training and self.capacity_factor:
+            routed, load, dropped = self._capacity_dispatch(x2, idx, weights, n)
+        else:
+            (routed, load), dropped = self._dropless(x2, idx, weights, n), tf.constant(0.0)
+        out = routed + self.shared(x2) if self.shared is not None else routed
         if training:
-            load = tf.cast(counts, tf.float32)
-            self.expert_load.assign(load)
-            self.expert_bias.assign_add(
-                self.bias_update_speed * tf.sign(tf.reduce_mean(load) - load))
+            self.step_stats = (load, dropped)
             if self.seq_aux_loss_weight > 0:
                 self.add_loss(self._sequence_balance_loss(idx, scores, shape[0], shape[1]))
         return tf.reshape(out, shape)
+
+    def update_balance(self, load):
+        """Once per optimizer step, with the load [E] of the whole step (all micro-batches and replicas)."""
+        self.expert_load.assign(load)
+        self.expert_bias.assign_add(self.bias_update_speed * tf.sign(tf.reduce_mean(load) - load))
 
     def _sequence_balance_loss(self, idx, scores, b, t):
         """DeepSeek-V3 eq. 17-20: alpha * sum_i f_i P_i per sequence, averaged over the batch."""
@@ -438,5 +573,7 @@ class DeepSeekMoE(keras.layers.Layer):
             "n_routed_experts": self.n_routed_experts, "n_shared_experts": self.n_shared_experts,
             "n_activated_experts": self.n_activated_experts, "route_scale": self.route_scale,
             "bias_update_speed": self.bias_update_speed,
-            "seq_aux_loss_weight": self.seq_aux_loss_weight,
+            "seq_aux_loss_weight": self.seq_aux_loss_weight, "score_func": self.score_func,
+            "normalize_gates": self.normalize_gates, "n_expert_groups": self.n_expert_groups,
+            "n_limited_groups": self.n_limited_groups, "group_score": self.group_score,
         }

@@ -49,17 +49,18 @@ class DecoderBlock(keras.layers.Layer):
         self.attn_norm = RMSNorm(c.norm_eps, name="attn_norm", dtype=policy)
         self.ffn_norm = RMSNorm(c.norm_eps, name="ffn_norm", dtype=policy)
         if c.dense:
-            self.attn = MultiHeadAttention(c.d_model, c.n_heads, c.rope_theta, name="attn", dtype=policy)
+            self.attn = MultiHeadAttention(c.d_model, c.n_heads, c.rope_theta, c.yarn(), name="attn", dtype=policy)
         else:
             self.attn = MultiHeadLatentAttention(
                 c.d_model, c.n_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim,
-                c.qk_rope_head_dim, c.v_head_dim, c.rope_theta, c.norm_eps, name="attn", dtype=policy)
+                c.qk_rope_head_dim, c.v_head_dim, c.rope_theta, c.norm_eps, c.yarn(), name="attn", dtype=policy)
         if c.dense or layer_index < c.n_dense_layers:
             self.ffn = SwiGLU(c.inter_dim, c.d_model, name="ffn", dtype=policy)
         else:
             self.ffn = DeepSeekMoE(
                 c.d_model, c.moe_inter_dim, c.n_routed_experts, c.n_shared_experts,
                 c.n_activated_experts, c.route_scale, c.bias_update_speed, c.seq_aux_loss_weight,
+                c.score_func, c.normalize_gates, c.n_expert_groups, c.n_limited_groups, c.group_score,
                 name="moe", dtype=policy)
 
     @property
@@ -193,6 +194,11 @@ class DeepSeekLM(keras.Model):
     def moe_layers(self) -> list[DeepSeekMoE]:
         """The main blocks' MoE layers (the MTP block's, if any, is trained but not served)."""
         return [b.ffn for b in self.blocks if b.is_moe]
+
+    def trained_moe_layers(self) -> list[DeepSeekMoE]:
+        """Every MoE layer a training step routes through: the main blocks' and the MTP block's."""
+        mtp = [self.mtp_block.ffn] if self.config.mtp_depth and self.mtp_block.is_moe else []
+        return self.moe_layers() + mtp
 
     def get_config(self) -> dict[str, Any]:
         return {"config": self.config.to_dict(), "recompute_attention": self.recompute_attention,

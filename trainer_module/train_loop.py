@@ -156,11 +156,14 @@ class TrainLoop:
                  flops_per_token: float = 0.0, peak_flops: float = 0.0):
         self.model, self.optimizer, self.strategy, self.cfg = model, optimizer, strategy, cfg
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
-        if cfg.jit_compile and model.moe_layers():
+        if cfg.jit_compile not in (True, False) or cfg.precision == "auto":
             raise ConfigError(
-                "TrainConfig.jit_compile needs a model without MoE layers (ModelConfig.dense=True, or "
-                "n_dense_layers == n_layers): DeepSeekMoE's dropless dispatch has data-dependent shapes, "
-                "which XLA cannot compile")
+                f"TrainLoop needs a decided TrainConfig.precision and jit_compile (got {cfg.precision!r}, "
+                f"{cfg.jit_compile!r}): resolve 'auto' with trainer_module.autotune.decide first")
+        self.moe = model.trained_moe_layers()
+        self.dispatch = self._dispatch(cfg, bool(self.moe))
+        for moe in self.moe:
+            moe.capacity_factor = cfg.moe_capacity_factor if self.dispatch == "capacity" else None
         self._scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
         # XLA compiles the loss and gradients; applying them (a cross-replica merge) stays outside.
         self._gradients = (tf.function(self._accumulated_gradients, autograph=False, jit_compile=True)
@@ -168,8 +171,27 @@ class TrainLoop:
         self._train_step = tf.function(self._distributed_step, autograph=False)
         self._eval_step = tf.function(self._eval_batch, autograph=False)
 
+    @staticmethod
+    def _dispatch(cfg: TrainConfig, has_moe: bool) -> str:
+        """dropless, capacity, or none (no MoE layers)."""
+        if not has_moe:
+            return "none"
+        if cfg.moe_dispatch == "auto":
+            return "capacity" if cfg.jit_compile else "dropless"
+        if cfg.jit_compile and cfg.moe_dispatch == "dropless":
+            raise ConfigError(
+                "TrainConfig.jit_compile: a compiled step needs TrainConfig.moe_dispatch capacity (or auto): "
+                "DeepSeekMoE's dropless dispatch has data-dependent shapes, which XLA cannot compile")
+        return cfg.moe_dispatch
+
+    def _moe_stats(self):
+        """(load [E] per MoE layer, dropped token copies per layer [L]) of the micro-batch just run."""
+        if not self.moe:
+            return [], tf.zeros([0])
+        return [m.step_stats[0] for m in self.moe], tf.stack([m.step_stats[1] for m in self.moe])
+
     def _micro_batch(self, x, y):
-        """(mean token NLL, gradients of the objective share of this micro-batch)."""
+        """(mean token NLL, gradients of the objective share of this micro-batch, its MoE stats)."""
         share = self.strategy.num_replicas_in_sync * self.cfg.grad_accum_steps
         with tf.GradientTape() as tape:
             logits, mtp_logits = self.model.train_logits(x)
@@ -180,15 +202,16 @@ class TrainLoop:
             objective = (loss + aux) / share
             if self._scaled:
                 objective = self.optimizer.get_scaled_loss(objective)
+        stats = self._moe_stats()
         variables = self.model.trainable_variables
         grads = tape.gradient(objective, variables)
         grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables, strict=True)]
         if self._scaled:
             grads = self.optimizer.get_unscaled_gradients(grads)
-        return loss, grads
+        return loss, grads, stats
 
     def _accumulated_gradients(self, x, y):
-        """Mean loss and summed gradients over ``grad_accum_steps`` sequential micro-batches of [B, T]."""
+        """Mean loss, summed gradients and summed MoE stats over ``grad_accum_steps`` micro-batches of [B, T]."""
         steps = self.cfg.grad_accum_steps
         if steps == 1:
             return self._micro_batch(x, y)
@@ -197,25 +220,42 @@ class TrainLoop:
         xs = tf.reshape(x, [steps, -1, tf.shape(x)[1]])
         ys = tf.reshape(y, [steps, -1, tf.shape(y)[1]])
         zeros = [tf.zeros_like(v) for v in self.model.trainable_variables]
+        stat_zeros = [tf.zeros([m.n_routed_experts]) for m in self.moe] + [tf.zeros([len(self.moe)])]
+        n_vars = len(zeros)
 
         def body(i, loss_sum, *acc):
-            loss, grads = self._micro_batch(xs[i], ys[i])
-            return (i + 1, loss_sum + loss, *[a + tf.convert_to_tensor(g) for a, g in zip(acc, grads, strict=True)])
+            loss, grads, (loads, dropped) = self._micro_batch(xs[i], ys[i])
+            new = [tf.convert_to_tensor(g) for g in grads] + list(loads) + [dropped]
+            return (i + 1, loss_sum + loss, *[a + b for a, b in zip(acc, new, strict=True)])
 
-        _, loss_sum, *grads = tf.while_loop(lambda i, *_: i < steps, body,
-                                            [tf.constant(0), tf.constant(0.0), *zeros])
-        return loss_sum / steps, grads
+        _, loss_sum, *acc = tf.while_loop(lambda i, *_: i < steps, body,
+                                          [tf.constant(0), tf.constant(0.0), *zeros, *stat_zeros])
+        return loss_sum / steps, acc[:n_vars], (acc[n_vars:-1], acc[-1])
 
     def _replica_step(self, x, y):
-        loss, grads = self._gradients(x, y)
+        loss, grads, (loads, dropped) = self._gradients(x, y)
         grad_norm = tf.linalg.global_norm(grads) * self.strategy.num_replicas_in_sync
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
-        return loss, grad_norm
+        if not self.moe:
+            return loss, grad_norm, dropped
+        # The balancing bias moves once per optimizer step, on the load of the whole step:
+        # every micro-batch (summed above) and every replica (summed here).
+        loads, dropped = tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, (list(loads), dropped))
+        for moe, load in zip(self.moe, loads, strict=True):
+            moe.update_balance(load)
+        return loss, grad_norm, dropped / tf.stack([tf.reduce_sum(load) for load in loads])
 
     def _distributed_step(self, x, y):
-        loss, norm = self.strategy.run(self._replica_step, args=(x, y))
+        """(mean loss, gradient norm, fraction of token copies dropped for capacity per MoE layer [L])."""
+        loss, norm, dropped = self.strategy.run(self._replica_step, args=(x, y))
         mean = tf.distribute.ReduceOp.MEAN
-        return self.strategy.reduce(mean, loss, axis=None), self.strategy.reduce(mean, norm, axis=None)
+        return (self.strategy.reduce(mean, loss, axis=None), self.strategy.reduce(mean, norm, axis=None),
+                self.strategy.experimental_local_results(dropped)[0])
+
+    def step(self, x, y):
+        """One optimizer step on a batch: (mean loss, gradient norm, dropped fraction per MoE layer [L])."""
+        return self._train_step(x, y)
 
     def _eval_batch(self, x, y):
         return tf.reduce_mean(token_nll(self.model(x, training=False), y))
@@ -231,7 +271,7 @@ class TrainLoop:
         the step, so there only the loss is checked.
         """
         loss = norm = float("nan")
-        for step, loss_t, norm_t in pending:
+        for step, loss_t, norm_t, _ in pending:
             loss, norm = float(loss_t), float(norm_t)
             if not (math.isfinite(loss) and (self._scaled or math.isfinite(norm))):
                 where = checkpointer.describe() if checkpointer else "checkpointing is off"
@@ -272,6 +312,7 @@ class TrainLoop:
             if not (save or log_now):
                 continue
             loss, norm = self._check_finite(pending, checkpointer)
+            dropped = pending[-1][3].numpy()  # per MoE layer, the last step's
             pending = []
             now = time.perf_counter()
             if log_now:
@@ -279,8 +320,10 @@ class TrainLoop:
                 mfu = rate * self.flops_per_token / self.peak_flops if self.peak_flops else float("nan")
                 eta = (steps - step) * (now - start) / max(step - start_step, 1)
                 lr = self.learning_rate()
-                log.info("step %d/%d loss %.4f grad_norm %.3f lr %.2e tokens/s %.0f MFU %.1f%% ETA %.0fs",
-                         step, steps, loss, norm, lr, rate, 100 * mfu, eta)
+                # Capacity dispatch: the share of token copies over capacity, averaged over the MoE layers.
+                drops = f" dropped {100 * dropped.mean():.2f}%" if self.dispatch == "capacity" else ""
+                log.info("step %d/%d loss %.4f grad_norm %.3f lr %.2e tokens/s %.0f MFU %.1f%%%s ETA %.0fs",
+                         step, steps, loss, norm, lr, rate, 100 * mfu, drops, eta)
                 if writer is not None:
                     with writer.as_default(step=step):
                         tf.summary.scalar("train/loss", loss)
@@ -292,6 +335,8 @@ class TrainLoop:
                         for i, moe in enumerate(self.model.moe_layers()):
                             load = moe.expert_load.numpy()
                             tf.summary.scalar(f"moe/load_max_over_mean/{i}", load.max() / max(load.mean(), 1e-9))
+                            if self.dispatch == "capacity":
+                                tf.summary.scalar(f"moe/dropped_fraction/{i}", dropped[i])
                 mark, mark_step = time.perf_counter(), step
             if save and checkpointer is not None:
                 checkpointer.save(step)

@@ -28,7 +28,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 import tf_keras as keras
 
-from deepseek_tfx.trainer_module import data, export
+from deepseek_tfx.trainer_module import autotune, data, export
 from deepseek_tfx.trainer_module.config import SUMMARY_FILE, ConfigError, ModelConfig, ServingConfig, TrainConfig
 from deepseek_tfx.trainer_module.model import DeepSeekLM
 from deepseek_tfx.trainer_module.flops import compute_dtype, measure_matmul_peak, training_flops_per_token
@@ -91,6 +91,11 @@ def task_info() -> tuple[bool, int]:
     return is_chief, index
 
 
+def _checkpoint_root(fn_args, custom: dict) -> str:
+    return custom.get("checkpoint_root") or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.normpath(fn_args.model_run_dir))), "checkpoints")
+
+
 def checkpoint_dir(fn_args, custom: dict) -> str:
     """Where this Trainer run checkpoints; a re-execution with the same inputs finds the same place.
 
@@ -101,8 +106,7 @@ def checkpoint_dir(fn_args, custom: dict) -> str:
     the model and training configs. A new execution with the same inputs (after a
     crash or preemption) has the same key and resumes; changed inputs start fresh.
     """
-    root = custom.get("checkpoint_root") or os.path.join(
-        os.path.dirname(os.path.dirname(os.path.normpath(fn_args.model_run_dir))), "checkpoints")
+    root = _checkpoint_root(fn_args, custom)
     key = json.dumps({
         "train_files": sorted(fn_args.train_files), "transform_output": fn_args.transform_output,
         "base_model": fn_args.base_model, "train_steps": fn_args.train_steps,
@@ -133,11 +137,12 @@ def weights_digest(model) -> str:
     return digest.hexdigest()
 
 
-def _write_hparams(directory: str, model_cfg: ModelConfig, train_cfg: TrainConfig, preset: str) -> None:
+def _write_hparams(directory: str, model_cfg: ModelConfig, train_cfg: TrainConfig, preset: str,
+                   decision: autotune.Decision) -> None:
     from tensorboard.plugins.hparams import api as hp  # noqa: PLC0415
 
     flat = {"preset": preset, **{f"model/{k}": v for k, v in model_cfg.to_dict().items()},
-            **{f"train/{k}": v for k, v in train_cfg.to_dict().items()}}
+            **{f"train/{k}": v for k, v in train_cfg.to_dict().items()}, "autotune/reason": decision.reason}
     with tf.summary.create_file_writer(directory).as_default():
         hp.hparams({k: v for k, v in flat.items() if isinstance(v, (bool, int, float, str))})
 
@@ -154,6 +159,8 @@ class _Run:
     is_chief: bool
     worker: int
     multi_worker: bool
+    decision: autotune.Decision | None = None
+    """How precision and jit_compile were chosen (train_cfg holds the chosen values once it is set)."""
 
     @property
     def run_dir(self) -> str:
@@ -165,7 +172,8 @@ class _Run:
 def run_fn(fn_args) -> None:
     """TFX Trainer entry point: configs, strategy, model, restore or warm start, data, train, export."""
     run = _configure(fn_args)
-    strategy = _strategy(run)
+    strategy = get_strategy()
+    _decide_precision(run, strategy)
     peak = measure_matmul_peak(compute_dtype(run.train_cfg.precision))
     model, optimizer, loop = _build(run, strategy, peak)
     checkpointer, start_step, warm = _restore_or_warm_start(run, model, optimizer)
@@ -195,10 +203,19 @@ def _configure(fn_args) -> _Run:
     return _Run(fn_args, custom, train_cfg, model_cfg, tokenizer, is_chief, worker, multi_worker)
 
 
-def _strategy(run: _Run) -> tf.distribute.Strategy:
-    keras.utils.set_random_seed(run.train_cfg.seed)
+def _decide_precision(run: _Run, strategy) -> None:
+    """Decides ``auto`` precision and jit_compile (trainer_module.autotune), then seeds and sets the policy.
+
+    The CPU probe's result is kept under the checkpoint root (``autotune/``), keyed by the machine and shape.
+    """
+    decision = autotune.decide(run.train_cfg, run.model_cfg, multi_worker=run.multi_worker,
+                               replicas=strategy.num_replicas_in_sync,
+                               cache_dir=os.path.join(_checkpoint_root(run.fn_args, run.custom), "autotune"))
+    run.decision, run.train_cfg = decision, autotune.apply(run.train_cfg, decision)
+    log.info("Precision %s, XLA %s: %s%s", decision.precision, "on" if decision.jit_compile else "off",
+             decision.reason, f" (probe {decision.probe_seconds:.1f} s)" if decision.probe_seconds else "")
+    keras.utils.set_random_seed(run.train_cfg.seed)  # after the probe, which draws random numbers
     keras.mixed_precision.set_global_policy(run.train_cfg.precision)
-    return get_strategy()
 
 
 def _build(run: _Run, strategy, peak: float):
@@ -210,8 +227,9 @@ def _build(run: _Run, strategy, peak: float):
         # Slots exist before a restore, so the checkpoint restores them too.
         (getattr(optimizer, "inner_optimizer", optimizer)).build(model.trainable_variables)
         loop = TrainLoop(model, optimizer, strategy, run.train_cfg, training_flops_per_token(run.model_cfg), peak)
-    log.info("Model: %d parameters, %d replica(s), precision %s; matmul peak %.1f GFLOP/s",
-             model.count_params(), strategy.num_replicas_in_sync, run.train_cfg.precision, peak / 1e9)
+    log.info("Model: %d parameters, %d replica(s), precision %s, XLA %s, MoE dispatch %s; matmul peak %.1f GFLOP/s",
+             model.count_params(), strategy.num_replicas_in_sync, run.train_cfg.precision,
+             "on" if run.train_cfg.jit_compile else "off", loop.dispatch, peak / 1e9)
     return model, optimizer, loop
 
 
@@ -253,7 +271,8 @@ def _train(run: _Run, loop: TrainLoop, train_ds, eval_ds, checkpointer, start_st
         log.info("step %d eval loss %.4f", step, loss)
         return loss
 
-    _write_hparams(os.path.join(run.run_dir, "hparams"), run.model_cfg, run.train_cfg, run.custom.get("preset", ""))
+    _write_hparams(os.path.join(run.run_dir, "hparams"), run.model_cfg, run.train_cfg, run.custom.get("preset", ""),
+                   run.decision)
     writer = tf.summary.create_file_writer(os.path.join(run.run_dir, "train"))
     evaluates = bool(run.train_cfg.eval_batches)
     result = loop.train(train_ds, run.train_cfg.train_steps, writer, start_step=start_step,
@@ -277,6 +296,7 @@ def _write_summary(run: _Run, model, loop, strategy, checkpointer, result, eval_
         "weights_sha256": weights_digest(model) if run.multi_worker else None,
         "checkpoint_dir": checkpointer.directory, "replicas": strategy.num_replicas_in_sync,
         "model": run.model_cfg.to_dict(), "train": run.train_cfg.to_dict(),
+        "autotune": run.decision.to_dict(), "moe_dispatch": loop.dispatch,
     }
     log.info("Trained steps %d-%d in %.1fs (%.0f tokens/s after the first step); last loss %.4f, "
              "sampled eval loss %.4f", result.start_step + 1, result.steps, result.seconds,
