@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export PYTHONWARNINGS := ignore::FutureWarning
 
-.PHONY: run test lint install clean
+.PHONY: run test lint install clean bench-torch
 
 install: $(STAMP)
 
@@ -29,6 +29,15 @@ test: $(STAMP)
 # ruff, configured in ruff.toml (rules and why); .ci/run runs this before the tests.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# A Python with torch for bench.torch_compare only (torch is a bench-only extra, not a dependency): PyPI has
+# no CPU-only torch for Python 3.10, so this uses Python 3.11 and the CPU wheel (the `bench` extra in setup.py).
+TORCH_PYTHON ?= python3.11
+bench-torch: .venv-torch/.installed-stamp
+.venv-torch/.installed-stamp:
+	@test -x .venv-torch/bin/python || $(TORCH_PYTHON) -m venv .venv-torch
+	.venv-torch/bin/pip install --quiet "torch==2.13.0+cpu" numpy
+	@touch $@
 
 clean:
 	rm -rf deepseek_tfx_output .pytest_cache

@@ -29,6 +29,7 @@ setup(
         "pymysql",  # the run lock on a shared MySQL ML Metadata store
         "matplotlib",  # the run report's figures
     ],
-    extras_require={"test": ["pytest"], "lint": ["ruff"]},
+    # bench: only bench.torch_compare's PyTorch reference loop (`make bench-torch` installs it apart).
+    extras_require={"test": ["pytest"], "lint": ["ruff"], "bench": ["torch"]},
     entry_points={"console_scripts": ["deepseek-tfx=deepseek_tfx.pipeline.cli:main"]},
 )

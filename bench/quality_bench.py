@@ -8,10 +8,13 @@ per byte on the last 10% after 90 s of training on the first 90%, on these
   * a SentencePiece BPE tokenizer (vocabulary 2,048, the pipeline's default) is
     learned from the training 90% (timed separately; it is not training);
   * the ``small`` preset trains with the Trainer's own ``TrainLoop`` (its step,
-    optimizer, schedule, logging) on packed blocks of the training ids, for
-    ``--seconds`` of wall-clock time counted from before the first step (tracing
-    included); the cosine schedule is sized to the steps that fit, estimated by
-    ``--steps``;
+    optimizer, schedule, logging) on packed blocks of the training ids, in the
+    precision and XLA setting ``auto`` picks on this machine (its probe is set-up,
+    not training), for ``--seconds`` of wall-clock time counted from before the
+    first step (tracing included); the cosine schedule is sized to the steps that
+    fit: a calibration (a throwaway copy of the model, a few steps, also set-up)
+    measures the first step and the steady step time, so the whole budget is used
+    (``--steps`` sets the schedule instead);
   * validation: the whole last 10%, tokenized, scored in consecutive windows of
     the context length (each token predicted from the tokens before it in its
     window, the first from the previous window's last token), bits per byte =
@@ -34,7 +37,9 @@ import tensorflow as tf
 import tf_keras as keras
 
 from deepseek_tfx.components.tokenizer_gen import train_sentencepiece
+from deepseek_tfx.trainer_module import autotune
 from deepseek_tfx.trainer_module.config import get_preset
+from deepseek_tfx.trainer_module.flops import compute_dtype, measure_matmul_peak, training_flops_per_token
 from deepseek_tfx.trainer_module.model import DeepSeekLM, token_nll
 from deepseek_tfx.trainer_module.train_loop import TrainLoop, make_optimizer
 
@@ -68,11 +73,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", default=os.path.join(REPO, "..", "shared", "data", "tinyshakespeare.txt"))
     parser.add_argument("--seconds", type=float, default=90.0)
-    parser.add_argument("--steps", type=int, default=260, help="schedule length (steps expected in the time)")
+    parser.add_argument("--steps", type=int, default=0, help="schedule length; 0: calibrated to fill --seconds")
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--learning-rate", type=float, default=None)
+    parser.add_argument("--batch-size", type=int, default=None, help="default: the preset's")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)  # TF installed a handler first
 
     raw = open(args.corpus, "rb").read()
     cut = int(len(raw) * 0.9)
@@ -90,14 +96,36 @@ def main() -> int:
 
     preset = get_preset("small")
     config = preset.model.replace(vocab_size=vocab)
-    cfg = preset.train.replace(train_steps=args.steps, max_train_seconds=args.seconds, checkpoint_every=0,
-                               eval_batches=0, log_every=25,
-                               **({"learning_rate": args.learning_rate} if args.learning_rate else {}))
-    keras.utils.set_random_seed(cfg.seed)
-    model = DeepSeekLM(config)
-    model(tf.zeros([1, 8], tf.int64))
-    loop = TrainLoop(model, make_optimizer(model, cfg), tf.distribute.get_strategy(), cfg)
-    result = loop.train(blocks(train_ids, config.context_len, cfg.batch_size, cfg.seed), cfg.train_steps)
+    decision = autotune.decide(preset.train, config)
+    cfg = autotune.apply(preset.train, decision).replace(
+        max_train_seconds=args.seconds, checkpoint_every=0, eval_batches=0, log_every=25,
+        **({"learning_rate": args.learning_rate} if args.learning_rate else {}),
+        **({"batch_size": args.batch_size} if args.batch_size else {}))
+    print(f"precision {cfg.precision}, XLA {'on' if cfg.jit_compile else 'off'}: {decision.reason}")
+    keras.mixed_precision.set_global_policy(cfg.precision)
+    peak = measure_matmul_peak(compute_dtype(cfg.precision))
+    data = blocks(train_ids, config.context_len, cfg.batch_size, cfg.seed)
+
+    def new_loop(train_cfg):
+        keras.utils.set_random_seed(train_cfg.seed)
+        model = DeepSeekLM(config)
+        model(tf.zeros([1, 8], tf.int64))
+        return TrainLoop(model, make_optimizer(model, train_cfg), tf.distribute.get_strategy(), train_cfg,
+                         training_flops_per_token(config), peak)
+
+    steps = args.steps
+    if not steps:  # calibration: first step and steady step time of a throwaway copy
+        probe = new_loop(cfg.replace(train_steps=10, max_train_seconds=0.0, log_every=1000))
+        first = probe.train(data, 1)
+        steady = probe.train(data, 8, start_step=1)
+        step_s = steady.seconds / (steady.steps - steady.start_step)
+        steps = max(cfg.warmup_steps + 1, int((args.seconds - first.seconds) / step_s))
+        print(f"calibration: first step {first.seconds:.1f}s, then {step_s * 1000:.0f} ms per step: "
+              f"the schedule is sized to {steps} steps")
+    cfg = cfg.replace(train_steps=steps)
+    loop = new_loop(cfg)
+    model = loop.model
+    result = loop.train(data, cfg.train_steps)
     nll = validation_nll(model, val_ids, config.context_len)
     bpb = nll / (math.log(2) * (len(raw) - cut))
     total, active = model.parameter_counts()

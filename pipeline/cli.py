@@ -125,6 +125,20 @@ def _build_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt", nargs="+", help="one or more prompts")
     generate.set_defaults(func=_cmd_generate)
 
+    tflite = sub.add_parser(
+        "export-tflite", help="write a TensorFlow Lite model of a pushed version, for phones and edge devices",
+        description="Convert a pushed SavedModel version to TensorFlow Lite with two signatures, prefill and decode "
+                    "(the compressed MLA cache in and out), beside its SentencePiece model. Generate from it with "
+                    "python -m deepseek_tfx.serving.tflite_runner --model DIR --prompt TEXT.")
+    tflite.add_argument("--model-dir", required=True, metavar="DIR",
+                        help="a pushed version, e.g. OUTPUT/serving_model/deepseek/1764547200")
+    tflite.add_argument("--output", required=True, metavar="DIR", help="where model.tflite and the tokenizer go")
+    tflite.add_argument("--quantize", choices=("none", "float16", "dynamic-int8"), default="none",
+                        help="weights in float16, or int8 with dynamic-range activations (default: none, float32)")
+    tflite.add_argument("--tokenizer-model", metavar="FILE",
+                        help="the SentencePiece model, for versions exported before it was copied into them")
+    tflite.set_defaults(func=_cmd_export_tflite)
+
     report_cmd = sub.add_parser(
         "report", help="write the HTML report of a run",
         description="Write OUTPUT/reports/<run id>.html for a run (default: the latest): the DAG, the data, the "
@@ -276,6 +290,19 @@ def _cmd_generate(args) -> int:
         return EXIT_FAILED
     for prompt, text in zip(args.prompt, texts, strict=True):
         print(prompt + text)
+    return 0
+
+
+def _cmd_export_tflite(args) -> int:
+    from deepseek_tfx.trainer_module import tflite_export
+
+    try:
+        path = tflite_export.export_tflite(args.model_dir, args.output, args.quantize, args.tokenizer_model)
+    except (tflite_export.ExportError, OSError) as e:
+        print(f"deepseek-tfx: error: {_first_line(e)}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"wrote {path} ({os.path.getsize(path) / 1e6:.2f} MB, quantize {args.quantize})")
+    print(f"try it:  python -m deepseek_tfx.serving.tflite_runner --model {args.output} --prompt 'First Citizen:'")
     return 0
 
 

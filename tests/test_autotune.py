@@ -95,3 +95,13 @@ def test_the_probe_result_is_kept_per_machine_and_shape(tmp_path):
 def test_the_real_probe_measures_a_one_block_model():
     assert autotune.probe_model(MODEL).n_layers == 1 and autotune.probe_model(MODEL).uses_moe
     assert autotune.measure_step(MODEL, AUTO, "float32", False, micro=2, steps=2) > 0
+
+
+def test_the_probe_cuts_a_large_micro_batch(monkeypatch):
+    micro = []
+    monkeypatch.setattr(autotune, "measure_step", lambda model, train, p, j, m: micro.append(m) or 1.0)
+    autotune.decide(AUTO.replace(batch_size=256), MODEL, [Device("CPU")])
+    assert micro == [autotune.PROBE_TOKENS // MODEL.context_len] * 4  # 64 sequences of 64, not 256
+    micro.clear()
+    autotune.decide(AUTO.replace(batch_size=8, grad_accum_steps=2), MODEL, [Device("CPU")], replicas=2)
+    assert micro == [2] * 4  # one replica's micro-batch: 8 / 2 accumulation steps / 2 replicas

@@ -6,10 +6,11 @@ Rules (TrainConfig.precision / jit_compile ``auto``; an explicit value is kept a
 * an older GPU: mixed_float16 (with loss scaling) and XLA;
 * a CPU: measured. CPUs differ (with or without native bfloat16 matmuls; XLA's fusion helps on some and
   its small batched dots hurt on others), so a short probe trains a one-block copy of the model (its MoE
-  block when it has one; same width, experts, micro-batch and context) for a few steps in each candidate
-  setting and keeps the fastest: mixed_bfloat16 only where it measured faster than float32, XLA only where
-  it measured faster than TensorFlow's own kernels. The result is kept in a small JSON file keyed by the CPU
-  (model name, flags, cores), the TensorFlow version and the probed shape, so a machine probes a shape once.
+  block when it has one; same width, experts and context, the micro-batch cut to PROBE_TOKENS tokens) for a
+  few steps in each candidate setting and keeps the fastest: mixed_bfloat16 only where it measured faster
+  than float32, XLA only where it measured faster than TensorFlow's own kernels. The result is kept in a
+  small JSON file keyed by the CPU (model name, flags, cores), the TensorFlow version and the probed shape,
+  so a machine probes a shape once.
 * several CPU workers (MultiWorkerMirroredStrategy): float32 without XLA, unprobed, since workers probing on
   their own could choose differently and then disagree in the first all-reduce.
 
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 
 PROBE_STEPS = 3
 """Timed steps per candidate (after two untimed ones that trace, compile and warm up)."""
+PROBE_TOKENS = 4096
+"""Most tokens in one probe step: the micro-batch is cut to this (a 100M model's 16K-token micro-batch made
+the probe take minutes on a CPU); the relative speed of the candidates is what the probe needs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +117,7 @@ def decide(train: TrainConfig, model: ModelConfig, devices: Sequence[Device] | N
     jits = [False, True] if auto_jit else [bool(train.jit_compile)]
     candidates = [_label(p, j) for p in precisions for j in jits]
     micro = max(1, train.batch_size // (train.grad_accum_steps * replicas))
+    micro = max(1, min(micro, PROBE_TOKENS // model.context_len))
     path = _cache_path(cache_dir, model, micro, candidates)
     rates, seconds, cached = _read_cache(path), 0.0, path
     if rates is None:

@@ -381,6 +381,17 @@ PRESETS: dict[str, Preset] = {
         train=TrainConfig(),
         description="4 layers, width 128, 8 routed experts: the CPU demo; trains in minutes.",
     ),
+    "medium": Preset(
+        model=ModelConfig(
+            d_model=512, n_layers=12, n_heads=8, context_len=512, kv_lora_rank=256, qk_nope_head_dim=64,
+            qk_rope_head_dim=32, v_head_dim=64, inter_dim=1408, moe_inter_dim=288, n_routed_experts=16,
+            n_shared_experts=1, n_activated_experts=2, n_dense_layers=1,
+        ),
+        train=TrainConfig(train_steps=2000, batch_size=32, learning_rate=1e-3, warmup_steps=100, log_every=50,
+                          eval_every=200, checkpoint_every=200),
+        description="12 layers, width 512, 16 routed experts: 99.9M parameters (30.7M activated) with the "
+                    "default 2,048-piece tokenizer; for an accelerator (bench.accelerator_bench).",
+    ),
     "deepseek-v2-lite": Preset(
         model=ModelConfig(
             vocab_size=102400, d_model=2048, n_layers=27, n_heads=16, context_len=4096,

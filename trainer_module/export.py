@@ -48,7 +48,7 @@ import tensorflow as tf
 
 from deepseek_tfx.trainer_module.config import ServingConfig
 from deepseek_tfx.trainer_module.model import DeepSeekLM, token_nll
-from deepseek_tfx.trainer_module.tokenizer import EOS_ID, PAD_ID
+from deepseek_tfx.trainer_module.tokenizer import EOS_ID, MODEL_FILE, PAD_ID
 
 CONFIG_FILE = "deepseek_config.json"
 WARMUP_FILE = "tf_serving_warmup_requests"
@@ -362,6 +362,9 @@ def export_serving_model(model: DeepSeekLM, tf_transform_output, tokenizer, expo
     extra = os.path.join(export_dir, "assets.extra")
     tf.io.gfile.makedirs(extra)
     write_warmup_requests(os.path.join(extra, WARMUP_FILE), signatures, limits)
+    if getattr(tokenizer, "model_proto", None):  # for exports without TensorFlow (export-tflite)
+        with tf.io.gfile.GFile(os.path.join(extra, MODEL_FILE), "wb") as f:
+            f.write(tokenizer.model_proto)
     with tf.io.gfile.GFile(os.path.join(extra, CONFIG_FILE), "w") as f:
         json.dump({"model": model.config.to_dict(), "tokenizer": tokenizer.kind,
                    "tokenizer_fingerprint": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,

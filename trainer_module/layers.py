@@ -442,6 +442,9 @@ class DeepSeekMoE(keras.layers.Layer):
         self.group_score = group_score
         self.capacity_factor: float | None = None
         """Set by the train loop: None dispatches dropless, a number by capacity (training calls only)."""
+        self.all_experts = False
+        """Set for a static-shape inference graph (TensorFlow Lite): every expert runs on every token and the
+        gates of the unchosen ones are zero. Same result as dropless, E/K times the expert FLOPs."""
         self.step_stats = None
         """(requested load [E] float32, dropped token copies float32) of the last training call."""
         self.shared = (SwiGLU(n_shared_experts * moe_inter_dim, d_model, name="shared_experts",
@@ -536,12 +539,21 @@ class DeepSeekMoE(keras.layers.Layer):
         load = tf.cast(tf.reduce_sum(onehot, axis=0), tf.float32)
         return routed, load, tf.reduce_sum(tf.cast(tf.logical_not(kept), tf.float32))
 
+    def _every_expert(self, x2, idx, weights):
+        """Routed output [N, D]: all E experts on all N tokens, combined with gates that are zero off the top-K."""
+        gates = tf.reduce_sum(tf.one_hot(idx, self.n_routed_experts) * weights[..., None], axis=1)  # NE
+        h = tf.nn.silu(tf.einsum("nd,edi->nei", x2, self.w1)) * tf.einsum("nd,edi->nei", x2, self.w3)
+        y = tf.einsum("nei,eid->ned", h, self.w2)
+        return tf.einsum("ned,ne->nd", y, tf.cast(gates, y.dtype))
+
     def call(self, x, training=None):
         shape = tf.shape(x)
         x2 = tf.reshape(x, [-1, self.d_model])  # ND
         n = x2.shape[0] if x2.shape[0] is not None else tf.shape(x2)[0]  # static when known (XLA)
         idx, weights, scores = self.route(x2)
-        if training and self.capacity_factor:
+        if self.all_experts and not training:
+            routed, load, dropped = self._every_expert(x2, idx, weights), None, None
+        elif training and self.capacity_factor:
             routed, load, dropped = self._capacity_dispatch(x2, idx, weights, n)
         else:
             (routed, load), dropped = self._dropless(x2, idx, weights, n), tf.constant(0.0)

@@ -1,0 +1,130 @@
+"""TensorFlow Lite export (trainer_module/tflite_export.py) and its runner (serving/tflite_runner.py).
+
+A tiny model is trained for a few seconds on tinyshakespeare's bytes (so its logits mean something), exported
+as a SavedModel the way the Trainer exports, then converted; the TFLite model is compared with the SavedModel.
+"""
+
+import math
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from deepseek_tfx.pipeline import cli
+from deepseek_tfx.serving.tflite_runner import LiteGenerator
+from deepseek_tfx.trainer_module import export, tflite_export
+from deepseek_tfx.trainer_module.config import TrainConfig, get_preset
+from deepseek_tfx.trainer_module.model import DeepSeekLM, token_nll
+from deepseek_tfx.trainer_module.tokenizer import EOS_ID, ByteTokenizer
+from deepseek_tfx.trainer_module.train_loop import TrainLoop, make_optimizer
+from tests.export_helpers import TransformOutputStandIn
+
+pytestmark = pytest.mark.slow
+
+CONTEXT = 64
+LOGIT_ATOL = 1e-4
+"""float32 TFLite against the SavedModel's weights in TensorFlow: same math, other kernels and summation order."""
+
+
+@pytest.fixture(scope="module")
+def text(shakespeare) -> bytes:
+    return shakespeare.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory, text) -> str:
+    """A pushed-version-like SavedModel of the tiny preset trained 150 steps on the corpus's bytes."""
+    tf.keras.utils.set_random_seed(0)
+    config = get_preset("tiny").model.replace(vocab_size=260, context_len=CONTEXT)
+    model = DeepSeekLM(config)
+    model(tf.zeros([1, 4], tf.int64))
+    cfg = TrainConfig(train_steps=150, batch_size=16, warmup_steps=10, precision="float32", jit_compile=False,
+                      log_every=1000, checkpoint_every=0, eval_batches=0)
+    ids = np.frombuffer(text[:200_000], np.uint8).astype(np.int64) + 4
+    rows = len(ids) // (CONTEXT + 1)
+    blocks = ids[: rows * (CONTEXT + 1)].reshape(rows, CONTEXT + 1)
+    data = tf.data.Dataset.from_tensor_slices((blocks[:, :-1], blocks[:, 1:])).shuffle(rows, seed=0).repeat()
+    TrainLoop(model, make_optimizer(model, cfg), tf.distribute.get_strategy(), cfg).train(
+        data.batch(16, drop_remainder=True), cfg.train_steps)
+    directory = str(tmp_path_factory.mktemp("pushed") / "1")
+    export.export_serving_model(model, TransformOutputStandIn(), ByteTokenizer(), directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def exported(saved_model, tmp_path_factory) -> dict:
+    """{quantize: export directory} for the three quantizations."""
+    root = tmp_path_factory.mktemp("tflite")
+    return {q: os.path.dirname(tflite_export.export_tflite(saved_model, str(root / q), q))
+            for q in tflite_export.QUANTIZATIONS}
+
+
+def _reference(saved_model):
+    model, _ = tflite_export.load_pushed_model(saved_model)
+    return model
+
+
+def test_prefill_and_16_decode_steps_match_the_saved_model(saved_model, exported, text):
+    reference = _reference(saved_model)
+    lite = LiteGenerator(exported["none"])
+    assert set(lite.interpreter.get_signature_list()) == {"prefill", "decode"}
+    prompt = [EOS_ID] + [b + 4 for b in text[:20]]
+    logits, cache, position = lite._fill(prompt)
+    tokens = tf.constant([prompt], tf.int64)
+    ref_logits, ref_caches = reference.prefill(tokens, cache_len=CONTEXT)
+    np.testing.assert_allclose(logits, ref_logits[0, -1].numpy(), atol=LOGIT_ATOL, rtol=0)
+    for step, byte in enumerate(text[20:36]):  # 16 decode steps, teacher-forced with the corpus's next bytes
+        logits, cache = lite.step(byte + 4, cache, position + step)
+        ref_step, ref_caches = reference.decode_step(tf.constant([byte + 4], tf.int64), ref_caches,
+                                                     position + step)
+        np.testing.assert_allclose(logits, ref_step[0].numpy(), atol=LOGIT_ATOL, rtol=0)
+    assert np.abs(logits).max() > 1.0  # a trained model: logits far from uniform, so the check has teeth
+
+
+def test_greedy_generation_equals_the_saved_models_generate(saved_model, exported):
+    served = tf.saved_model.load(saved_model).signatures["generate"]
+    for prompt in ("First Citizen:\n", "ROMEO"):
+        expected = served(prompt=tf.constant([prompt]), max_new_tokens=tf.constant([32]),
+                          temperature=tf.constant([0.0]), top_k=tf.constant([0]), seed=tf.constant([0]))
+        want = expected["text"].numpy()[0].decode()
+        got = LiteGenerator(exported["none"]).generate(prompt, 32)
+        assert got == want and len(want) > 8
+
+
+def _bits_per_byte(generator: LiteGenerator, data: bytes) -> float:
+    """Bits per byte of ``data`` under the TFLite model, in prefill windows of context - 1 bytes after EOS."""
+    nll, n = 0.0, 0
+    step = CONTEXT - 1
+    for start in range(0, len(data) - step, step):
+        window = [EOS_ID] + [b + 4 for b in data[start:start + step]]
+        tokens = np.zeros([1, CONTEXT], np.int32)
+        tokens[0, :len(window)] = window
+        logits = generator.prefill(tokens=tokens)["logits"][0, :len(window) - 1]
+        nll += float(tf.reduce_sum(token_nll(logits, np.array(window[1:]))))
+        n += len(window) - 1
+    return nll / (math.log(2) * n)
+
+
+def test_quantized_models_stay_within_stated_bits_per_byte_deltas(exported, text):
+    """On held-out text (past the training bytes): float16 within 0.01 bits per byte of float32, dynamic-range
+    int8 within 0.1; both files smaller than float32 (weights are most of the file: float16 under 65% of it,
+    int8 under 45%; in this tiny model the graph and the float32 norms weigh more than in a real one)."""
+    held_out = text[-6_300:]
+    bpb = {q: _bits_per_byte(LiteGenerator(d), held_out) for q, d in exported.items()}
+    assert bpb["none"] < 4.5  # it learned something: a uniform guess over bytes scores 8
+    assert abs(bpb["float16"] - bpb["none"]) < 0.01
+    assert abs(bpb["dynamic-int8"] - bpb["none"]) < 0.1
+    size = {q: os.path.getsize(os.path.join(d, tflite_export.TFLITE_FILE)) for q, d in exported.items()}
+    assert size["float16"] < 0.65 * size["none"] and size["dynamic-int8"] < 0.45 * size["none"]
+
+
+def test_the_command_line_exports_and_refuses_bad_input(saved_model, tmp_path, capsys):
+    out = tmp_path / "lite"
+    assert cli.main(["export-tflite", "--model-dir", saved_model, "--output", str(out)]) == 0
+    assert sorted(os.listdir(out)) == sorted([tflite_export.CONFIG_FILE, tflite_export.TFLITE_FILE])  # byte tokenizer
+    assert "wrote" in capsys.readouterr().out
+    missing = tmp_path / "nothing"
+    assert cli.main(["export-tflite", "--model-dir", str(tmp_path), "--output", str(missing)]) == 1
+    assert "not a deepseek-tfx model version" in capsys.readouterr().err
+    assert not missing.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".tflite-")]

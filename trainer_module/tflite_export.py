@@ -1,0 +1,139 @@
+"""TensorFlow Lite export of a pushed model: ``prefill`` and ``decode`` signatures for on-device generation.
+
+    deepseek-tfx export-tflite --model-dir VERSION_DIR --output DIR [--quantize none|float16|dynamic-int8]
+
+Reads the SavedModel version the Pusher wrote (its weights and ``assets.extra/deepseek_config.json``),
+rebuilds the decoder in float32 and converts two functions with static shapes (batch 1, a cache of
+``context_len`` slots; L layers):
+
+* ``prefill``: ``tokens`` int32 [1, T] (the prompt, right-padded to T = context_len) -> ``logits`` float32
+  [1, T, V] (row i predicts token i + 1: read row ``length - 1``) and the cache ``cache_0`` / ``cache_1``
+  [L, 1, T, ...] (MLA: the compressed latent c_kv [C] and the rotary key k_pe [R] per slot). Padding right
+  of the prompt is never attended: attention is causal, and ``decode`` attends slots <= ``position`` only.
+* ``decode``: ``token`` int32 [1] at ``position`` int32 [1] and the cache -> ``logits`` [1, V] and the
+  updated cache (the token's latent written at ``position``).
+
+MoE layers run every expert on the token and zero the gates of the unchosen ones (``DeepSeekMoE.all_experts``):
+the dropless dispatch's sort and per-expert split have data-dependent shapes. Only TensorFlow Lite builtin
+ops are used (the conversion allows no others, so a Select TF op would fail it).
+
+Written to ``--output``: ``model.tflite``, ``tokenizer.model`` (SentencePiece; none for the byte tokenizer)
+and ``tflite_config.json`` (model config, tokenizer kind, quantization, EOS / PAD / reserved ids).
+``serving/tflite_runner.py`` generates text from them with ``tf.lite.Interpreter`` and ``sentencepiece``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import tensorflow as tf
+
+from deepseek_tfx.trainer_module import export
+from deepseek_tfx.trainer_module.config import ModelConfig
+from deepseek_tfx.trainer_module.model import DeepSeekLM
+from deepseek_tfx.trainer_module.tokenizer import EOS_ID, MODEL_FILE, NUM_RESERVED, PAD_ID
+
+QUANTIZATIONS = ("none", "float16", "dynamic-int8")
+TFLITE_FILE = "model.tflite"
+CONFIG_FILE = "tflite_config.json"
+
+
+class ExportError(ValueError):
+    """The model directory or an option cannot be exported; the message says which and why."""
+
+
+def load_pushed_model(model_dir: str) -> tuple[DeepSeekLM, dict]:
+    """The float32 decoder of a pushed SavedModel version, with its weights, and the export's config."""
+    config = export.read_export_config(model_dir)
+    if config is None:
+        raise ExportError(f"{model_dir}: not a deepseek-tfx model version (no assets.extra/{export.CONFIG_FILE}); "
+                          "pass a version directory of the serving directory, e.g. .../serving_model/3")
+    model = DeepSeekLM(ModelConfig.from_dict(config["model"]), dtype="float32")
+    model(tf.zeros([1, 4], tf.int64))
+    model.set_weights([v.numpy() for v in tf.saved_model.load(model_dir).model_variables])
+    return model, config
+
+
+class LiteModule(tf.Module):
+    """The two static-shape functions the converter turns into signatures."""
+
+    def __init__(self, model: DeepSeekLM):
+        super().__init__()
+        self.model = model
+        for moe in model.moe_layers():
+            moe.all_experts = True
+        t = model.config.context_len
+        caches = model.prefill(tf.zeros([1, t], tf.int64), cache_len=t)[1]
+        shapes = [[len(caches), *c.shape] for c in caches[0]]
+        self.prefill = tf.function(self._prefill, input_signature=[
+            tf.TensorSpec([1, t], tf.int32, name="tokens")], autograph=False)
+        self.decode = tf.function(self._decode, input_signature=[
+            tf.TensorSpec([1], tf.int32, name="token"), tf.TensorSpec([1], tf.int32, name="position"),
+            tf.TensorSpec(shapes[0], tf.float32, name="cache_0"),
+            tf.TensorSpec(shapes[1], tf.float32, name="cache_1")], autograph=False)
+
+    def _prefill(self, tokens):
+        logits, caches = self.model.prefill(tf.cast(tokens, tf.int64), cache_len=self.model.config.context_len)
+        return {"logits": logits, "cache_0": tf.stack([c[0] for c in caches]),
+                "cache_1": tf.stack([c[1] for c in caches])}
+
+    def _decode(self, token, position, cache_0, cache_1):
+        caches = list(zip(tf.unstack(cache_0), tf.unstack(cache_1), strict=True))
+        logits, caches = self.model.decode_step(tf.cast(token, tf.int64), caches, position[0])
+        return {"logits": logits, "cache_0": tf.stack([c[0] for c in caches]),
+                "cache_1": tf.stack([c[1] for c in caches])}
+
+
+def convert(model: DeepSeekLM, quantize: str = "none") -> bytes:
+    """The ``.tflite`` flatbuffer of ``model`` with the ``prefill`` and ``decode`` signatures."""
+    if quantize not in QUANTIZATIONS:
+        raise ExportError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
+    module = LiteModule(model)
+    with tempfile.TemporaryDirectory() as tmp:
+        tf.saved_model.save(module, tmp, signatures={"prefill": module.prefill.get_concrete_function(),
+                                                     "decode": module.decode.get_concrete_function()})
+        converter = tf.lite.TFLiteConverter.from_saved_model(tmp, signature_keys=["prefill", "decode"])
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        if quantize != "none":
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]  # dynamic-range int8 weights
+        if quantize == "float16":
+            converter.target_spec.supported_types = [tf.float16]
+        return converter.convert()
+
+
+def export_tflite(model_dir: str, output_dir: str, quantize: str = "none", tokenizer_model: str | None = None) -> str:
+    """Writes model.tflite, the tokenizer and tflite_config.json into ``output_dir``; returns the .tflite path.
+
+    The files are written into a temporary directory beside ``output_dir`` and moved into place at the end,
+    so a failed export leaves nothing half-written.
+    """
+    model, config = load_pushed_model(model_dir)
+    kind = config.get("tokenizer")
+    sp_model = tokenizer_model or os.path.join(model_dir, "assets.extra", MODEL_FILE)
+    if kind == "sentencepiece" and not os.path.exists(sp_model):
+        raise ExportError(f"{model_dir}: its SentencePiece model is not in assets.extra/{MODEL_FILE} (exports "
+                          "before this version did not copy it): pass --tokenizer-model with the TokenizerGen "
+                          "artifact's tokenizer.model")
+    flatbuffer = convert(model, quantize)
+    parent = os.path.dirname(os.path.abspath(output_dir)) or "."
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".tflite-", dir=parent)
+    try:
+        with open(os.path.join(staging, TFLITE_FILE), "wb") as f:
+            f.write(flatbuffer)
+        if kind == "sentencepiece":
+            shutil.copyfile(sp_model, os.path.join(staging, MODEL_FILE))
+        with open(os.path.join(staging, CONFIG_FILE), "w") as f:
+            json.dump({"model": config["model"], "tokenizer": kind, "quantize": quantize,
+                       "source": os.path.abspath(model_dir), "eos_id": EOS_ID, "pad_id": PAD_ID,
+                       "num_reserved": NUM_RESERVED}, f, indent=2, sort_keys=True)
+        if os.path.exists(output_dir):
+            shutil.rmtree(output_dir)
+        os.replace(staging, output_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return os.path.join(output_dir, TFLITE_FILE)
