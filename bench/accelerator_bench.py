@@ -6,12 +6,13 @@
 For each preset (``small``; ``medium``, the ~100M-parameter one) it runs the Trainer's own ``TrainLoop`` on
 the bytes of ``--corpus`` as token ids, from memory (vocabulary 2,048, the pipeline's default tokenizer size;
 the preset's batch and context), under the strategy the Trainer would pick (trainer.get_strategy), with and
-without XLA, in the precision ``auto`` picks for this device (trainer_module.autotune; ``--precision`` to force one). XLA with MoE
-layers uses capacity dispatch (factor 1.25); without XLA, dropless dispatch, and the CPU rows also run capacity
-dispatch without XLA, to say which dispatch is faster where. It prints tokens/s after the first step (tracing
-and compiling excluded), the share of token copies dropped, and MFU = tokens/s x model FLOPs per token /
-the device's own matmul peak measured in the same run: bfloat16 (a 4096^2 matmul on an accelerator, 1024^2
-on a CPU), and float32 too; on a CPU without native bfloat16 the float32 peak is the one to read (it says so).
+without XLA, in the precision ``auto`` picks for this device (trainer_module.autotune; ``--precision`` to
+force one). XLA with MoE layers uses capacity dispatch (factor 1.25); without XLA, dropless dispatch, and the
+CPU rows also run capacity dispatch without XLA, to say which dispatch is faster where. It prints tokens/s
+after the first step (tracing and compiling excluded), the share of token copies dropped, and MFU = tokens/s x
+model FLOPs per token / the device's own matmul peak measured in the same run: bfloat16 (a 4096^2 matmul on an
+accelerator, 1024^2 on a CPU), and float32 too; on a CPU without native bfloat16 the float32 peak is the one
+to read (it says so).
 """
 
 from __future__ import annotations
