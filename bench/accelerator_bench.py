@@ -130,7 +130,8 @@ def main() -> int:
             precision = decision.precision
             print(f"{preset}: auto picks {precision}, XLA {'on' if decision.jit_compile else 'off'} "
                   f"({decision.reason}; probe {decision.probe_seconds:.1f} s)")
-        combos = [(False, "dropless"), (True, "capacity")] + ([] if accelerator else [(False, "capacity")])
+        # XLA last: its compiled step's buffers stay with the process (a 100M model's OOMed the next row).
+        combos = [(False, "dropless")] + ([] if accelerator else [(False, "capacity")]) + [(True, "capacity")]
         for xla, dispatch in combos:
             r = measure(preset, precision, xla, dispatch, args.seconds, args.corpus)
             mfu = {d: r["tokens_per_second"] * r["flops_per_token"] / (peaks[d] * r["replicas"]) for d in peaks}

@@ -18,6 +18,7 @@ from typing import Any
 
 from tfx import types
 from tfx.components.trainer import executor as trainer_executor
+from tfx.components.tuner import executor as tuner_executor
 from tfx.components.transform import executor as transform_executor
 from tfx.dsl.components.base import base_beam_component, base_component, executor_spec
 from tfx.extensions.google_cloud_ai_platform import constants
@@ -54,6 +55,12 @@ class _TransformExecutor(transform_executor.Executor):
 
 
 class _TrainerExecutor(trainer_executor.GenericExecutor):
+    def Do(self, input_dict, output_dict, exec_properties) -> None:  # noqa: N802
+        inputs, properties = _with_tokenizer_dir(input_dict, exec_properties)
+        super().Do(inputs, output_dict, properties)
+
+
+class _TunerExecutor(tuner_executor.Executor):
     def Do(self, input_dict, output_dict, exec_properties) -> None:  # noqa: N802
         inputs, properties = _with_tokenizer_dir(input_dict, exec_properties)
         super().Do(inputs, output_dict, properties)
@@ -113,6 +120,11 @@ class TokenizingTrainerSpec(standard_component_specs.TrainerSpec):
                   TRAIN_STEPS_KEY: ExecutionParameter(type=int, optional=True)}
 
 
+class TokenizingTunerSpec(standard_component_specs.TunerSpec):
+    INPUTS = {**standard_component_specs.TunerSpec.INPUTS,
+              TOKENIZER_KEY: ChannelParameter(type=Tokenizer)}
+
+
 class TokenizingTransform(base_beam_component.BaseBeamComponent):
     """TFX Transform whose ``preprocessing_fn(inputs, custom_config)`` gets the tokenizer's directory.
 
@@ -152,6 +164,7 @@ class TokenizingTrainer(base_component.BaseComponent):
         examples, transform_graph, schema, base_model, train_args, eval_args: as for Trainer.
         tokenizer: channel of the Tokenizer the examples were made with.
         train_steps: replaces ``train_args.num_steps`` when set (an int or a RuntimeParameter).
+        hyperparameters: the Tuner's best_hyperparameters (optional); run_fn applies them.
         run_fn: module path of the run function.
         custom_config: extra configuration for ``run_fn``.
     """
@@ -161,10 +174,12 @@ class TokenizingTrainer(base_component.BaseComponent):
 
     def __init__(self, examples, transform_graph, schema, tokenizer, run_fn: str,
                  train_args: trainer_pb2.TrainArgs, eval_args: trainer_pb2.EvalArgs | None = None,
-                 base_model=None, custom_config: dict[str, Any] | None = None, train_steps=None):
+                 base_model=None, custom_config: dict[str, Any] | None = None, train_steps=None,
+                 hyperparameters=None):
         super().__init__(spec=TokenizingTrainerSpec(
             examples=examples, transform_graph=transform_graph, schema=schema, tokenizer=tokenizer,
-            base_model=base_model, run_fn=run_fn, train_args=train_args, train_steps=train_steps,
+            base_model=base_model, hyperparameters=hyperparameters, run_fn=run_fn, train_args=train_args,
+            train_steps=train_steps,
             eval_args=eval_args or trainer_pb2.EvalArgs(),
             custom_config=json_utils.dumps(custom_config or {}),
             model=types.Channel(type=standard_artifacts.Model),
@@ -175,3 +190,27 @@ class VertexTokenizingTrainer(TokenizingTrainer):
     """TokenizingTrainer that trains as a Vertex AI custom job (chief + workers; see vertex_training_config)."""
 
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(_VertexTrainerExecutor)
+
+
+class TokenizingTuner(base_component.BaseComponent):
+    """TFX Tuner whose ``tuner_fn`` finds the tokenizer in ``custom_config`` (trainer_module.tuning).
+
+    Args:
+        examples, transform_graph, schema, train_args, eval_args: as for Tuner.
+        tokenizer: channel of the Tokenizer the examples were made with.
+        tuner_fn: module path of the tuner function.
+        custom_config: the model, train and tune configs.
+    """
+
+    SPEC_CLASS = TokenizingTunerSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(_TunerExecutor)
+
+    def __init__(self, examples, transform_graph, schema, tokenizer, tuner_fn: str,
+                 train_args: trainer_pb2.TrainArgs, eval_args: trainer_pb2.EvalArgs | None = None,
+                 custom_config: dict[str, Any] | None = None):
+        super().__init__(spec=TokenizingTunerSpec(
+            examples=examples, transform_graph=transform_graph, schema=schema, tokenizer=tokenizer,
+            tuner_fn=tuner_fn, train_args=train_args, eval_args=eval_args or trainer_pb2.EvalArgs(),
+            custom_config=json_utils.dumps(custom_config or {}),
+            best_hyperparameters=types.Channel(type=standard_artifacts.HyperParameters),
+            tuner_results=types.Channel(type=standard_artifacts.TunerResults)))

@@ -207,6 +207,8 @@ _CONFIG_FLAGS = [  # (flag, section, field, argparse options): shortcuts for --s
     ("--tokenizer-model", "tokenizer", "model_type", {"choices": ("bpe", "unigram")}),
     ("--vocab-size", "tokenizer", "vocab_size", {"type": int, "metavar": "N"}),
     ("--retrain-tokenizer", "pipeline", "retrain_tokenizer", {"action": "store_true"}),
+    ("--tune", "tune", "enabled", {"action": "store_true"}),
+    ("--tune-trials", "tune", "trials", {"type": int, "metavar": "N"}),
 ]
 
 

@@ -13,6 +13,7 @@ from deepseek_tfx.trainer_module.config import (
     ServingConfig,
     TokenizerConfig,
     TrainConfig,
+    TuneConfig,
     get_preset,
     require_field,
 )
@@ -25,6 +26,7 @@ EXAMPLE_GEN = "TextExampleGen"
 TRANSFORM = "Transform"
 DATA_CHECKS = "DataChecks"
 TRAINER = "Trainer"
+TUNER = "Tuner"
 EVALUATOR = "Evaluator"
 PUSHER = "Pusher"
 INFRA_VALIDATOR = "InfraValidator"
@@ -109,6 +111,8 @@ class PipelineConfig:
     """Request limits the exported signatures enforce (and TF Serving's batching.config follows)."""
     data_checks: DataChecksConfig = dataclasses.field(default_factory=DataChecksConfig)
     """What stops a bad new span before training."""
+    tune: TuneConfig = dataclasses.field(default_factory=TuneConfig)
+    """TFX's Tuner before the Trainer (off unless tune.enabled)."""
     retrain_tokenizer: bool = False
     """Learn a new tokenizer even when a blessed model exists (default: reuse the blessed model's)."""
     remove_checkpoints_after_push: bool = True
@@ -177,4 +181,4 @@ class PipelineConfig:
 
 
 __all__ = ["PipelineConfig", "DataChecksConfig", "ConfigError", "PIPELINE_NAME", "MODEL_NAME", "EXAMPLE_GEN",
-           "TRANSFORM", "TRAINER", "EVALUATOR", "PUSHER", "INFRA_VALIDATOR"]
+           "TRANSFORM", "TRAINER", "TUNER", "EVALUATOR", "PUSHER", "INFRA_VALIDATOR"]

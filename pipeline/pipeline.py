@@ -31,6 +31,7 @@ from tfx.dsl.input_resolution.strategies.latest_blessed_model_strategy import La
 from tfx.proto import range_config_pb2
 
 from deepseek_tfx.components.mlmd import (
+    BEST_HYPERPARAMETERS_KEY,
     BLESSING_KEY,
     CANDIDATE_KEY,
     EXAMPLES_KEY,
@@ -55,7 +56,12 @@ from deepseek_tfx.components.baseline_resolver import (
     WarmStartModelStrategy,
 )
 from deepseek_tfx.components.text_example_gen import TextExampleGen
-from deepseek_tfx.components.tokenizer_consumers import TokenizingTrainer, TokenizingTransform, VertexTokenizingTrainer
+from deepseek_tfx.components.tokenizer_consumers import (
+    TokenizingTrainer,
+    TokenizingTransform,
+    TokenizingTuner,
+    VertexTokenizingTrainer,
+)
 from deepseek_tfx.components.tokenizer_gen import Tokenizer, TokenizerGen
 from deepseek_tfx.serving import tf_serving
 from deepseek_tfx.pipeline.config import (
@@ -66,6 +72,7 @@ from deepseek_tfx.pipeline.config import (
     PUSHER,
     TRAINER,
     TRANSFORM,
+    TUNER,
     ConfigError,
     PipelineConfig,
 )
@@ -75,6 +82,7 @@ STATS_OPTIONS_UPDATER_FN = "deepseek_tfx.trainer_module.preprocessing.stats_opti
 SCHEMA_FILE = "schema.pbtxt"  # the frozen schema of the raw examples, in frozen_schema_dir
 TEXT_SCHEMA_FILE = "text_schema.pbtxt"  # the frozen text ranges (components.data_checks.text_constraints)
 RUN_FN = "deepseek_tfx.trainer_module.trainer.run_fn"
+TUNER_FN = "deepseek_tfx.trainer_module.tuning.tuner_fn"
 METRICS_MODULE = "deepseek_tfx.trainer_module.metrics"
 
 
@@ -377,6 +385,16 @@ def create_pipeline(
         raw_anomalies=example_validator.outputs[ANOMALIES_KEY],
     ).with_id(DATA_CHECKS)
     warm_start_resolver = resolvers.warm_start_model(transformed) if config.warm_start else None
+    tuner = None
+    if config.tune.enabled:  # TFX's Tuner: a KerasTuner search whose trials run the Trainer's loop
+        tuner = TokenizingTuner(
+            examples=transformed, transform_graph=transform.outputs[TRANSFORM_GRAPH_KEY],
+            schema=schema_gen.outputs[SCHEMA_KEY], tokenizer=tokenizer_gen.outputs[TOKENIZER_KEY],
+            tuner_fn=TUNER_FN, train_args=tfx.proto.TrainArgs(num_steps=config.tune.steps_per_trial),
+            eval_args=tfx.proto.EvalArgs(num_steps=config.resolved_eval_batches),
+            custom_config={**config.trainer_custom_config(), "tune": config.tune.to_dict()},
+        ).with_id(TUNER)
+        tuner.add_upstream_node(data_checks)
     trainer = (VertexTokenizingTrainer if vertex_training else TokenizingTrainer)(
         run_fn=RUN_FN,
         base_model=warm_start_resolver.outputs[MODEL_KEY] if warm_start_resolver else None,
@@ -388,6 +406,7 @@ def create_pipeline(
         eval_args=tfx.proto.EvalArgs(num_steps=config.resolved_eval_batches),
         custom_config={**config.trainer_custom_config(), **(vertex_training or {})},
         train_steps=runtime.get("train_steps"),
+        hyperparameters=tuner.outputs[BEST_HYPERPARAMETERS_KEY] if tuner else None,
     ).with_id(TRAINER)
     trainer.add_upstream_node(data_checks)  # it fails on bad data; an ordering, not an input (module docstring)
     model_resolver = resolvers.baseline_model(trainer.outputs[MODEL_KEY])
@@ -422,7 +441,8 @@ def create_pipeline(
                     *([span_window] if span_window else []),
                     *([tokenizer_resolver] if tokenizer_resolver else []), tokenizer_gen, transform,
                     *([text_schema] if text_schema else []), *([statistics_resolver] if statistics_resolver else []),
-                    data_checks, *([warm_start_resolver] if warm_start_resolver else []), trainer,
+                    data_checks, *([warm_start_resolver] if warm_start_resolver else []),
+                    *([tuner] if tuner else []), trainer,
                     model_resolver, *([reference_resolver] if reference_resolver else []),
                     *([reference_gen] if reference_gen else []), evaluator,
                     *([infra] if infra else []), pusher],

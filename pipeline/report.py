@@ -152,6 +152,8 @@ def run_summary(store, pipeline_name: str, run_id: str | None = None) -> dict[st
             choice = training["autotune"]
             summary.update(train_precision=choice["precision"], train_jit_compile=choice["jit_compile"],
                            train_precision_reason=choice["reason"], moe_dispatch=training.get("moe_dispatch"))
+        if training.get("tuned_hyperparameters"):
+            summary["tuned_hyperparameters"] = training["tuned_hyperparameters"]
     evaluator = mlmd.latest_outputs(store, pipeline_name, EVALUATOR, run_id)
     evaluation, blessing = single(evaluator, EVALUATION_KEY), single(evaluator, BLESSING_KEY)
     if evaluation is not None:
@@ -207,6 +209,9 @@ def format_summary(summary: dict) -> str:
         *([f"  precision:     {summary['train_precision']}, XLA {'on' if summary['train_jit_compile'] else 'off'}"
            + (f", MoE dispatch {summary['moe_dispatch']}" if summary.get("moe_dispatch") not in (None, "none") else "")
            + f" ({summary['train_precision_reason']})"] if "train_precision" in summary else []),
+        *([("  tuned:         " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in
+                                           summary["tuned_hyperparameters"].items()) + " (the Tuner's best trial)")]
+          if summary.get("tuned_hyperparameters") else []),
         "  data checks:   " + ("n/a" if "data_checks_passed" not in summary else "passed"
                                  if summary["data_checks_passed"] else
                                  "FAILED, nothing trained or pushed: " + "; ".join(summary["data_checks_failed"])),

@@ -8,6 +8,7 @@ A config file (YAML or JSON) has up to six sections, each a mapping of one datac
     tokenizer:  TokenizerConfig
     serving:    ServingConfig    (the exported signatures' request limits)
     data_checks: DataChecksConfig (what stops a bad new span before training)
+    tune:       TuneConfig       (TFX's Tuner: off unless tune.enabled; the search space)
 
 ``--set SECTION.FIELD=VALUE`` changes one field after the file. Values are parsed by the field's type
 (``1e-3`` for a float, ``true``/``false`` for a bool, ``none`` for an optional field); an unknown section or
@@ -36,13 +37,15 @@ from deepseek_tfx.trainer_module.config import (
     ServingConfig,
     TokenizerConfig,
     TrainConfig,
+    TuneConfig,
     get_preset,
 )
 
 SECTIONS: dict[str, type] = {"pipeline": PipelineConfig, "model": ModelConfig, "train": TrainConfig,
                              "tokenizer": TokenizerConfig, "serving": ServingConfig,
-                             "data_checks": DataChecksConfig}
-_NESTED = {"model", "train", "tokenizer", "serving", "data_checks"}  # PipelineConfig fields with sections of their own
+                             "data_checks": DataChecksConfig, "tune": TuneConfig}
+# PipelineConfig fields with sections of their own:
+_NESTED = {"model", "train", "tokenizer", "serving", "data_checks", "tune"}
 
 
 def fields(section: str) -> dict[str, dataclasses.Field]:
@@ -173,6 +176,8 @@ def build(sections: Mapping[str, Mapping[str, Any]]) -> PipelineConfig:
         nested["serving"] = ServingConfig.from_dict(sections["serving"])
     if sections.get("data_checks"):
         nested["data_checks"] = DataChecksConfig.from_dict(sections["data_checks"])
+    if sections.get("tune"):
+        nested["tune"] = TuneConfig.from_dict(sections["tune"])
     return PipelineConfig(**pipeline, **nested)
 
 
@@ -192,7 +197,7 @@ def effective(config: PipelineConfig) -> dict[str, dict[str, Any]]:
     pipeline = {name: getattr(config, name) for name in fields("pipeline")}
     return {"pipeline": pipeline, "model": config.resolved_model.to_dict(), "train": config.resolved_train.to_dict(),
             "tokenizer": config.tokenizer.to_dict(), "serving": config.serving.to_dict(),
-            "data_checks": config.data_checks.to_dict()}
+            "data_checks": config.data_checks.to_dict(), "tune": config.tune.to_dict()}
 
 
 def changes(config: PipelineConfig) -> list[str]:
@@ -201,7 +206,7 @@ def changes(config: PipelineConfig) -> list[str]:
     baseline = {"pipeline": {name: default("pipeline", name) for name in fields("pipeline")},
                 "model": preset.model.to_dict(), "train": preset.train.to_dict(),
                 "tokenizer": TokenizerConfig().to_dict(), "serving": ServingConfig().to_dict(),
-                "data_checks": DataChecksConfig().to_dict()}
+                "data_checks": DataChecksConfig().to_dict(), "tune": TuneConfig().to_dict()}
     return [f"{section}.{name}={json.dumps(value)}"
             for section, values in effective(config).items() for name, value in values.items()
             if value != baseline[section][name]]

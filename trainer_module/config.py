@@ -284,6 +284,105 @@ class TrainConfig:
         return dataclasses.replace(self, **changes)
 
 
+TUNE_ALGORITHMS = ("random", "bayesian", "hyperband")
+TUNABLE = {"learning_rate": ("train", float), "warmup_steps": ("train", int), "d_model": ("model", int),
+           "n_routed_experts": ("model", int), "n_activated_experts": ("model", int)}
+"""Search-space fields of TuneConfig: the config section each value replaces, and its type."""
+
+
+def _choices(text: str, kind) -> list:
+    return [kind(v) for v in text.replace(" ", "").split(",") if v]
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneConfig:
+    """The hyperparameter search of TFX's Tuner (trainer_module.tuning), off unless ``enabled``.
+
+    Each search-space field is optional (empty: not searched, the preset's value is used): ``learning_rate``
+    is a log-uniform range ``MIN:MAX``, the others comma-separated choices.
+    """
+
+    enabled: bool = False
+    """Run TFX's Tuner before the Trainer; the Trainer then trains with the best trial's values."""
+    algorithm: str = "random"
+    """KerasTuner oracle: random, bayesian or hyperband."""
+    trials: int = 3
+    """Trials to run (hyperband: the most models it may train)."""
+    steps_per_trial: int = 60
+    """Training steps of each trial (hyperband: of its longest trials), scored by eval bits per byte."""
+    learning_rate: str = "1e-3:1e-2"
+    """Peak learning rate, log-uniform over MIN:MAX; empty: not searched."""
+    warmup_steps: str = ""
+    """Warmup step choices, e.g. 10,30; empty: not searched."""
+    d_model: str = ""
+    """Model width choices, e.g. 64,128 (must suit n_heads); empty: not searched."""
+    n_routed_experts: str = ""
+    """Routed expert choices, e.g. 4,8; empty: not searched."""
+    n_activated_experts: str = ""
+    """Top-k choices, e.g. 1,2; empty: not searched."""
+
+    def __post_init__(self):
+        name = type(self).__name__
+        require_field(self.algorithm in TUNE_ALGORITHMS, name, "algorithm",
+                      f"must be one of {TUNE_ALGORITHMS}, got {self.algorithm!r}")
+        require_field(self.trials >= 1, name, "trials", f"must be >= 1, got {self.trials}")
+        require_field(self.steps_per_trial >= 1, name, "steps_per_trial", f"must be >= 1, got {self.steps_per_trial}")
+        try:
+            space = self.search_space()
+        except ValueError as e:
+            raise ConfigError(f"{name}: a search-space field is not a list of numbers ({e})") from None
+        if "learning_rate" in space:
+            low, high = space["learning_rate"]
+            require_field(0 < low < high, name, "learning_rate", f"must be MIN:MAX with 0 < MIN < MAX, got "
+                          f"{self.learning_rate!r}")
+        for field, values in space.items():
+            if field != "learning_rate":
+                require_field(all(v > 0 for v in values), name, field, f"choices must be > 0, got {values}")
+        require_field(not self.enabled or bool(space), name, "enabled", "nothing to search: every search-space "
+                      "field is empty")
+
+    def search_space(self) -> dict[str, list]:
+        """{field: [min, max] (learning_rate) or choices} of the fields that are searched."""
+        space = {}
+        if self.learning_rate:
+            low, sep, high = self.learning_rate.partition(":")
+            if not sep:
+                raise ValueError(f"learning_rate {self.learning_rate!r} is not MIN:MAX")
+            space["learning_rate"] = [float(low), float(high)]
+        for field in ("warmup_steps", "d_model", "n_routed_experts", "n_activated_experts"):
+            if getattr(self, field):
+                space[field] = _choices(getattr(self, field), int)
+        return space
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TuneConfig:
+        return _from_dict(cls, values)
+
+
+def tuned_values(hyperparameters: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The TUNABLE values of a Tuner's best_hyperparameters (KerasTuner's HyperParameters config, as the Trainer
+    receives it in ``fn_args.hyperparameters``, or a plain {name: value}); None when there are none."""
+    if not hyperparameters:
+        return None
+    values = hyperparameters.get("values", hyperparameters)
+    return {k: values[k] for k in sorted(values) if k in TUNABLE} or None
+
+
+def apply_hyperparameters(model: ModelConfig, train: TrainConfig, values: Mapping[str, Any]
+                          ) -> tuple[ModelConfig, TrainConfig]:
+    """The configs with the searched values (TUNABLE fields of ``values``; others, like KerasTuner's own
+    ``tuner/*`` keys, are ignored)."""
+    changes: dict[str, dict[str, Any]] = {"model": {}, "train": {}}
+    for key, value in values.items():
+        if key in TUNABLE:
+            section, kind = TUNABLE[key]
+            changes[section][key] = kind(value)
+    return model.replace(**changes["model"]), train.replace(**changes["train"])
+
+
 MIN_SENTENCEPIECE_VOCAB = 4 + 256 + 1
 """4 reserved ids + 256 byte-fallback pieces + at least one learned piece."""
 

@@ -29,7 +29,15 @@ import tensorflow_transform as tft
 import tf_keras as keras
 
 from deepseek_tfx.trainer_module import autotune, data, export
-from deepseek_tfx.trainer_module.config import SUMMARY_FILE, ConfigError, ModelConfig, ServingConfig, TrainConfig
+from deepseek_tfx.trainer_module.config import (
+    SUMMARY_FILE,
+    ConfigError,
+    ModelConfig,
+    ServingConfig,
+    TrainConfig,
+    apply_hyperparameters,
+    tuned_values,
+)
 from deepseek_tfx.trainer_module.model import DeepSeekLM
 from deepseek_tfx.trainer_module.flops import compute_dtype, measure_matmul_peak, training_flops_per_token
 from deepseek_tfx.trainer_module.train_loop import Checkpointer, TrainLoop, make_optimizer
@@ -110,6 +118,7 @@ def checkpoint_dir(fn_args, custom: dict) -> str:
     key = json.dumps({
         "train_files": sorted(fn_args.train_files), "transform_output": fn_args.transform_output,
         "base_model": fn_args.base_model, "train_steps": fn_args.train_steps,
+        "hyperparameters": tuned_values(getattr(fn_args, "hyperparameters", None)),
         "config": {k: v for k, v in custom.items() if k != "checkpoint_root"},
     }, sort_keys=True)
     return os.path.join(root, hashlib.sha256(key.encode()).hexdigest()[:16])
@@ -138,11 +147,12 @@ def weights_digest(model) -> str:
 
 
 def _write_hparams(directory: str, model_cfg: ModelConfig, train_cfg: TrainConfig, preset: str,
-                   decision: autotune.Decision) -> None:
+                   decision: autotune.Decision, tuned: dict | None = None) -> None:
     from tensorboard.plugins.hparams import api as hp  # noqa: PLC0415
 
     flat = {"preset": preset, **{f"model/{k}": v for k, v in model_cfg.to_dict().items()},
-            **{f"train/{k}": v for k, v in train_cfg.to_dict().items()}, "autotune/reason": decision.reason}
+            **{f"train/{k}": v for k, v in train_cfg.to_dict().items()}, "autotune/reason": decision.reason,
+            **{f"tuned/{k}": v for k, v in (tuned or {}).items()}}
     with tf.summary.create_file_writer(directory).as_default():
         hp.hparams({k: v for k, v in flat.items() if isinstance(v, (bool, int, float, str))})
 
@@ -159,6 +169,8 @@ class _Run:
     is_chief: bool
     worker: int
     multi_worker: bool
+    tuned: dict | None = None
+    """The Tuner's best values this run trains with (None: no Tuner)."""
     decision: autotune.Decision | None = None
     """How precision and jit_compile were chosen (train_cfg holds the chosen values once it is set)."""
 
@@ -199,8 +211,12 @@ def _configure(fn_args) -> _Run:
             "next all-reduce; bound a multi-worker run with train_steps")
     tokenizer = load_tokenizer(custom.get(TOKENIZER_DIR_KEY))
     model_cfg = ModelConfig.from_dict(custom.get("model", {})).replace(vocab_size=tokenizer.vocab_size)
+    tuned = tuned_values(getattr(fn_args, "hyperparameters", None))
+    if tuned:  # the Tuner's best trial (its best_hyperparameters artifact)
+        model_cfg, train_cfg = apply_hyperparameters(model_cfg, train_cfg, tuned)
+        log.info("Training with the Tuner's best hyperparameters: %s", tuned)
     is_chief, worker = task_info()
-    return _Run(fn_args, custom, train_cfg, model_cfg, tokenizer, is_chief, worker, multi_worker)
+    return _Run(fn_args, custom, train_cfg, model_cfg, tokenizer, is_chief, worker, multi_worker, tuned)
 
 
 def _decide_precision(run: _Run, strategy) -> None:
@@ -272,7 +288,7 @@ def _train(run: _Run, loop: TrainLoop, train_ds, eval_ds, checkpointer, start_st
         return loss
 
     _write_hparams(os.path.join(run.run_dir, "hparams"), run.model_cfg, run.train_cfg, run.custom.get("preset", ""),
-                   run.decision)
+                   run.decision, run.tuned)
     writer = tf.summary.create_file_writer(os.path.join(run.run_dir, "train"))
     evaluates = bool(run.train_cfg.eval_batches)
     result = loop.train(train_ds, run.train_cfg.train_steps, writer, start_step=start_step,
@@ -296,7 +312,7 @@ def _write_summary(run: _Run, model, loop, strategy, checkpointer, result, eval_
         "weights_sha256": weights_digest(model) if run.multi_worker else None,
         "checkpoint_dir": checkpointer.directory, "replicas": strategy.num_replicas_in_sync,
         "model": run.model_cfg.to_dict(), "train": run.train_cfg.to_dict(),
-        "autotune": run.decision.to_dict(), "moe_dispatch": loop.dispatch,
+        "autotune": run.decision.to_dict(), "moe_dispatch": loop.dispatch, "tuned_hyperparameters": run.tuned,
     }
     log.info("Trained steps %d-%d in %.1fs (%.0f tokens/s after the first step); last loss %.4f, "
              "sampled eval loss %.4f", result.start_step + 1, result.steps, result.seconds,
