@@ -25,6 +25,7 @@ import time
 import deepseek_tfx.trainer_module  # noqa: F401  (first: sets TF_USE_LEGACY_KERAS)
 import numpy as np
 import tensorflow as tf
+import tensorflow_text  # noqa: F401  (the SavedModel's SentencePiece ops)
 
 from deepseek_tfx.serving.tflite_runner import LiteGenerator
 from deepseek_tfx.trainer_module import tflite_export

@@ -39,7 +39,7 @@ from deepseek_tfx.pipeline.config import (
     TRAINER,
     TRANSFORM,
 )
-from deepseek_tfx.trainer_module.config import SUMMARY_FILE
+from deepseek_tfx.trainer_module.config import SET_IN_CONFIG, SUMMARY_FILE
 
 FAILED_CHECKS = "failed_checks"
 """Custom property of a failed DataChecks execution: the reasons, as a JSON list (local runs set it)."""
@@ -148,7 +148,7 @@ def run_summary(store, pipeline_name: str, run_id: str | None = None) -> dict[st
                        parameters=training["parameters"], final_train_loss=training["final_train_loss"],
                        warm_start=training.get("base_model"), resumed_from_step=training.get("resumed_from_step"),
                        train_mfu=training.get("mfu"))
-        if training.get("autotune"):
+        if training.get("autotune") and training["autotune"]["reason"] != SET_IN_CONFIG:  # auto decided
             choice = training["autotune"]
             summary.update(train_precision=choice["precision"], train_jit_compile=choice["jit_compile"],
                            train_precision_reason=choice["reason"], moe_dispatch=training.get("moe_dispatch"))

@@ -41,7 +41,8 @@ def test_every_flag_is_a_shortcut_for_its_field_and_its_help_is_the_field_docstr
         assert f"--set {section}.{name}=..." in text, flag
     values = {"--preset": "tiny", "--train-steps": "7", "--eval-fraction": "0.2", "--max-bits-per-byte": "3",
               "--max-perplexity": "50", "--regression-tolerance": "0.5", "--bpb-regression-tolerance": "0.1",
-              "--keep-versions": "2", "--tokenizer": "byte", "--tokenizer-model": "unigram", "--vocab-size": "300"}
+              "--keep-versions": "2", "--tokenizer": "byte", "--tokenizer-model": "unigram", "--vocab-size": "300",
+              "--tune-trials": "5"}
     for flag, section, name, options in cli._CONFIG_FLAGS:
         argv = [flag] if options.get("action") == "store_true" else [flag, values[flag]]
         via_set = "true" if len(argv) == 1 else values[flag]

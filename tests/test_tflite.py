@@ -6,6 +6,8 @@ as a SavedModel the way the Trainer exports, then converted; the TFLite model is
 
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -128,3 +130,47 @@ def test_the_command_line_exports_and_refuses_bad_input(saved_model, tmp_path, c
     assert cli.main(["export-tflite", "--model-dir", str(tmp_path), "--output", str(missing)]) == 1
     assert "not a deepseek-tfx model version" in capsys.readouterr().err
     assert not missing.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".tflite-")]
+
+
+class _SentencePieceTransform:
+    """Transform stand-in for a SentencePiece tokenizer: token_ids and num_bytes of the ``text`` feature."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, features):
+        text = tf.reshape(features["text"], [-1])
+        return {"token_ids": self.tokenizer.tokenize(text).to_sparse(),
+                "num_bytes": tf.strings.length(text, unit="BYTE")}
+
+    def raw_feature_spec(self):
+        return {"text": tf.io.FixedLenFeature([1], tf.string)}
+
+    def transform_features_layer(self):
+        return self
+
+
+def test_a_sentencepiece_model_exports_with_its_tokenizer_and_generates_the_same_text(text, tmp_path):
+    """The SavedModel's graph uses tensorflow_text's SentencePiece ops (export-tflite must load them); the export
+    carries tokenizer.model, and the runner's sentencepiece encoding and decoding give the SavedModel's text."""
+    from deepseek_tfx.components.tokenizer_gen import train_sentencepiece
+    from deepseek_tfx.trainer_module.tokenizer import SentencePieceTokenizer
+
+    lines = [line for line in text[:100_000].decode().split("\n") if line.strip()]
+    proto, vocab = train_sentencepiece(lines, "bpe", 400)
+    tokenizer = SentencePieceTokenizer(proto)
+    tf.random.set_seed(3)
+    model = DeepSeekLM(get_preset("tiny").model.replace(vocab_size=vocab, context_len=CONTEXT))
+    model(tf.zeros([1, 4], tf.int64))
+    pushed = str(tmp_path / "pushed" / "1")
+    export.export_serving_model(model, _SentencePieceTransform(tokenizer), tokenizer, pushed)
+    lite_dir = str(tmp_path / "lite")
+    done = subprocess.run(  # a fresh process, as a user runs it: nothing has loaded tensorflow_text's ops yet
+        [sys.executable, "-c", "import sys; from deepseek_tfx.pipeline import cli; sys.exit(cli.main(sys.argv[1:]))",
+         "export-tflite", "--model-dir", pushed, "--output", lite_dir], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert open(os.path.join(lite_dir, "tokenizer.model"), "rb").read() == proto
+    served = tf.saved_model.load(pushed).signatures["generate"]
+    want = served(prompt=tf.constant(["ROMEO:"]), max_new_tokens=tf.constant([16]), temperature=tf.constant([0.0]),
+                  top_k=tf.constant([0]), seed=tf.constant([0]))["text"].numpy()[0].decode()
+    assert LiteGenerator(lite_dir).generate("ROMEO:", 16) == want and want

@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from deepseek_tfx.trainer_module.config import ModelConfig, TrainConfig
+from deepseek_tfx.trainer_module.config import SET_IN_CONFIG, ModelConfig, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def decide(train: TrainConfig, model: ModelConfig, devices: Sequence[Device] | N
     """
     auto_precision, auto_jit = train.precision == "auto", train.jit_compile == "auto"
     if not (auto_precision or auto_jit):
-        return Decision(train.precision, bool(train.jit_compile), "set in the config")
+        return Decision(train.precision, bool(train.jit_compile), SET_IN_CONFIG)
     devices = list(devices if devices is not None else local_devices())
     kind = devices[0].kind
     if kind in ("TPU", "GPU"):

@@ -185,6 +185,8 @@ class ModelConfig:
 
 
 PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
+SET_IN_CONFIG = "set in the config"
+"""trainer_module.autotune's reason when neither precision nor jit_compile is auto."""
 MOE_DISPATCHES = ("auto", "dropless", "capacity")
 
 

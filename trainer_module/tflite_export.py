@@ -51,6 +51,8 @@ def load_pushed_model(model_dir: str) -> tuple[DeepSeekLM, dict]:
     if config is None:
         raise ExportError(f"{model_dir}: not a deepseek-tfx model version (no assets.extra/{export.CONFIG_FILE}); "
                           "pass a version directory of the serving directory, e.g. .../serving_model/3")
+    import tensorflow_text  # noqa: F401, PLC0415  (registers the SentencePiece ops the SavedModel's graph uses)
+
     model = DeepSeekLM(ModelConfig.from_dict(config["model"]), dtype="float32")
     model(tf.zeros([1, 4], tf.int64))
     model.set_weights([v.numpy() for v in tf.saved_model.load(model_dir).model_variables])

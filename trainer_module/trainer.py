@@ -228,8 +228,10 @@ def _decide_precision(run: _Run, strategy) -> None:
                                replicas=strategy.num_replicas_in_sync,
                                cache_dir=os.path.join(_checkpoint_root(run.fn_args, run.custom), "autotune"))
     run.decision, run.train_cfg = decision, autotune.apply(run.train_cfg, decision)
-    log.info("Precision %s, XLA %s: %s%s", decision.precision, "on" if decision.jit_compile else "off",
-             decision.reason, f" (probe {decision.probe_seconds:.1f} s)" if decision.probe_seconds else "")
+    # An explicit setting is already on the "Model:" line; a decided one says why.
+    log.log(logging.DEBUG if decision.reason == autotune.SET_IN_CONFIG else logging.INFO,
+            "Precision %s, XLA %s: %s%s", decision.precision, "on" if decision.jit_compile else "off",
+            decision.reason, f" (probe {decision.probe_seconds:.1f} s)" if decision.probe_seconds else "")
     keras.utils.set_random_seed(run.train_cfg.seed)  # after the probe, which draws random numbers
     keras.mixed_precision.set_global_policy(run.train_cfg.precision)
 
