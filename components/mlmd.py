@@ -35,6 +35,7 @@ MODEL_BLESSING_KEY = std.MODEL_BLESSING_KEY  # "model_blessing": the Pusher's an
 BLESSING_KEY = std.BLESSING_KEY  # "blessing": the Evaluator's output
 EVALUATION_KEY = std.EVALUATION_KEY
 PUSHED_MODEL_KEY = std.PUSHED_MODEL_KEY
+TFLITE_MODEL_KEY = "tflite_model"  # TFLiteExporter's output
 BEST_HYPERPARAMETERS_KEY = std.BEST_HYPERPARAMETERS_KEY  # the Tuner's output; the Trainer's hyperparameters
 TOKENIZER_KEY = "tokenizer"  # TokenizerGen's output; Transform's and the Trainer's input
 BASE_TOKENIZER_KEY = "base_tokenizer"  # TokenizerGen's optional input: a tokenizer to carry over

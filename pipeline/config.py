@@ -27,6 +27,7 @@ TRANSFORM = "Transform"
 DATA_CHECKS = "DataChecks"
 TRAINER = "Trainer"
 TUNER = "Tuner"
+TFLITE_EXPORTER = "TFLiteExporter"
 EVALUATOR = "Evaluator"
 PUSHER = "Pusher"
 INFRA_VALIDATOR = "InfraValidator"
@@ -111,6 +112,9 @@ class PipelineConfig:
     """Request limits the exported signatures enforce (and TF Serving's batching.config follows)."""
     data_checks: DataChecksConfig = dataclasses.field(default_factory=DataChecksConfig)
     """What stops a bad new span before training."""
+    export_tflite: str | None = None
+    """Also convert each pushed version to TensorFlow Lite (a TFLiteExporter step after the Pusher): none (off),
+    or the quantization: float32, float16 or dynamic-int8."""
     tune: TuneConfig = dataclasses.field(default_factory=TuneConfig)
     """TFX's Tuner before the Trainer (off unless tune.enabled)."""
     retrain_tokenizer: bool = False
@@ -151,6 +155,8 @@ class PipelineConfig:
         require_field(self.keep_versions >= 0, name, "keep_versions",
                       f"must be >= 0 (0 keeps all), got {self.keep_versions}")
         require_field(self.last_spans >= 1, name, "last_spans", f"must be >= 1, got {self.last_spans}")
+        require_field(self.export_tflite in (None, "float32", "float16", "dynamic-int8"), name, "export_tflite",
+                      f"must be none, float32, float16 or dynamic-int8, got {self.export_tflite!r}")
         require_field(bool(self.model_name) and "/" not in self.model_name, name, "model_name",
                       f"must be a non-empty directory name, got {self.model_name!r}")
 
@@ -181,4 +187,4 @@ class PipelineConfig:
 
 
 __all__ = ["PipelineConfig", "DataChecksConfig", "ConfigError", "PIPELINE_NAME", "MODEL_NAME", "EXAMPLE_GEN",
-           "TRANSFORM", "TRAINER", "TUNER", "EVALUATOR", "PUSHER", "INFRA_VALIDATOR"]
+           "TRANSFORM", "TRAINER", "TUNER", "TFLITE_EXPORTER", "EVALUATOR", "PUSHER", "INFRA_VALIDATOR"]

@@ -33,6 +33,7 @@ from tfx.proto import range_config_pb2
 from deepseek_tfx.components.mlmd import (
     BEST_HYPERPARAMETERS_KEY,
     BLESSING_KEY,
+    PUSHED_MODEL_KEY,
     CANDIDATE_KEY,
     EXAMPLES_KEY,
     ANOMALIES_KEY,
@@ -56,6 +57,7 @@ from deepseek_tfx.components.baseline_resolver import (
     WarmStartModelStrategy,
 )
 from deepseek_tfx.components.text_example_gen import TextExampleGen
+from deepseek_tfx.components.tflite_exporter import TFLiteExporter
 from deepseek_tfx.components.tokenizer_consumers import (
     TokenizingTrainer,
     TokenizingTransform,
@@ -70,6 +72,7 @@ from deepseek_tfx.pipeline.config import (
     EXAMPLE_GEN,
     INFRA_VALIDATOR,
     PUSHER,
+    TFLITE_EXPORTER,
     TRAINER,
     TRANSFORM,
     TUNER,
@@ -434,6 +437,9 @@ def create_pipeline(
         push_destination=tfx.proto.PushDestination(
             filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)),
     ).with_id(PUSHER)
+    tflite = (TFLiteExporter(pushed_model=pusher.outputs[PUSHED_MODEL_KEY],
+                             quantize="none" if config.export_tflite == "float32" else config.export_tflite
+                             ).with_id(TFLITE_EXPORTER) if config.export_tflite else None)
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,
@@ -445,7 +451,7 @@ def create_pipeline(
                     *([tuner] if tuner else []), trainer,
                     model_resolver, *([reference_resolver] if reference_resolver else []),
                     *([reference_gen] if reference_gen else []), evaluator,
-                    *([infra] if infra else []), pusher],
+                    *([infra] if infra else []), pusher, *([tflite] if tflite else [])],
         enable_cache=enable_cache,
         metadata_connection_config=metadata_connection_config,
         beam_pipeline_args=list(beam_pipeline_args),

@@ -27,6 +27,7 @@ from deepseek_tfx.components.mlmd import (
     PUSHED_PROPERTY,
     PUSHED_VERSION_PROPERTY,
     SPAN_PROPERTY,
+    TFLITE_MODEL_KEY,
     prop,
     single,
 )
@@ -36,6 +37,7 @@ from deepseek_tfx.pipeline.config import (
     EXAMPLE_GEN,
     INFRA_VALIDATOR,
     PUSHER,
+    TFLITE_EXPORTER,
     TRAINER,
     TRANSFORM,
 )
@@ -178,6 +180,9 @@ def run_summary(store, pipeline_name: str, run_id: str | None = None) -> dict[st
     if pushed is not None and prop(pushed, PUSHED_PROPERTY, 0):
         summary.update(pushed_model_path=prop(pushed, PUSHED_DESTINATION_PROPERTY),
                        pushed_version=prop(pushed, PUSHED_VERSION_PROPERTY))
+    tflite = single(mlmd.latest_outputs(store, pipeline_name, TFLITE_EXPORTER, run_id), TFLITE_MODEL_KEY)
+    if tflite is not None and prop(tflite, "exported", 0):  # the optional TFLiteExporter step
+        summary["tflite_model"] = f"{tflite.uri} ({prop(tflite, 'quantize', 'none')})"
     return summary
 
 
@@ -232,6 +237,8 @@ def format_summary(summary: dict) -> str:
         if summary.get("serve_command"):
             lines.append(f"  serve it:      {summary['serve_command']}")
             lines.append(f"  configs:       {', '.join(sorted(summary.get('serving_configs', {}).values()))}")
+        if summary.get("tflite_model"):
+            lines.append(f"  TFLite model:  {summary['tflite_model']}")
         if "removed_versions" in summary:
             removed = ", ".join(map(str, summary["removed_versions"])) or "none"
             keep = summary["keep_versions"] or "all"

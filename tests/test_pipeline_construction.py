@@ -148,3 +148,15 @@ def test_an_eval_corpus_is_the_reference_eval_set(tmp_path):
     # no tolerance, no reference check
     nodes = {c.id: c for c in build(tmp_path, eval_corpus=("/reference", "*"), reference_bpb_tolerance=None).components}
     assert "ReferenceExampleGen" not in nodes and "reference_examples" not in nodes["Evaluator"].inputs
+
+
+def test_the_tflite_step_follows_the_pusher_when_asked(tmp_path):
+    assert "TFLiteExporter" not in {c.id for c in build(tmp_path).components}
+    nodes = {c.id: c for c in build(tmp_path, export_tflite="dynamic-int8").components}
+    exporter = nodes["TFLiteExporter"]
+    assert exporter.inputs["pushed_model"] is nodes["Pusher"].outputs["pushed_model"]
+    assert exporter.exec_properties["quantize"] == "dynamic-int8"
+    float32 = {c.id: c for c in build(tmp_path, export_tflite="float32").components}["TFLiteExporter"]
+    assert float32.exec_properties["quantize"] == "none"
+    with pytest.raises(ConfigError, match="export_tflite"):
+        PipelineConfig(export_tflite="int4")

@@ -174,3 +174,27 @@ def test_a_sentencepiece_model_exports_with_its_tokenizer_and_generates_the_same
     want = served(prompt=tf.constant(["ROMEO:"]), max_new_tokens=tf.constant([16]), temperature=tf.constant([0.0]),
                   top_k=tf.constant([0]), seed=tf.constant([0]))["text"].numpy()[0].decode()
     assert LiteGenerator(lite_dir).generate("ROMEO:", 16) == want and want
+
+
+def test_the_pipeline_step_after_the_pusher_exports_only_what_was_pushed(saved_model, tmp_path):
+    from tfx.types import standard_artifacts
+
+    from deepseek_tfx.components import tflite_exporter
+
+    def run(pushed: int, name: str):
+        source = standard_artifacts.PushedModel()
+        source.uri = str(tmp_path / name / "pushed")
+        source.set_int_custom_property("pushed", pushed)
+        source.set_string_custom_property("pushed_destination", saved_model if pushed else "")
+        output = standard_artifacts.Model()
+        output.uri = str(tmp_path / name / "tflite")
+        tflite_exporter._Executor().Do({"pushed_model": [source]}, {"tflite_model": [output]},
+                                       {"quantize": "dynamic-int8"})
+        return output
+
+    exported = run(1, "pushed")
+    assert exported.get_int_custom_property("exported") == 1
+    assert exported.get_string_custom_property("quantize") == "dynamic-int8"
+    assert LiteGenerator(exported.uri).generate("ROMEO", 4)  # a working model in the artifact
+    skipped = run(0, "not_pushed")
+    assert skipped.get_int_custom_property("exported") == 0 and not os.path.exists(skipped.uri)

@@ -115,7 +115,7 @@ def export_tflite(model_dir: str, output_dir: str, quantize: str = "none", token
     model, config = load_pushed_model(model_dir)
     kind = config.get("tokenizer")
     sp_model = tokenizer_model or os.path.join(model_dir, "assets.extra", MODEL_FILE)
-    if kind == "sentencepiece" and not os.path.exists(sp_model):
+    if kind == "sentencepiece" and not tf.io.gfile.exists(sp_model):
         raise ExportError(f"{model_dir}: its SentencePiece model is not in assets.extra/{MODEL_FILE} (exports "
                           "before this version did not copy it): pass --tokenizer-model with the TokenizerGen "
                           "artifact's tokenizer.model")
@@ -127,7 +127,7 @@ def export_tflite(model_dir: str, output_dir: str, quantize: str = "none", token
         with open(os.path.join(staging, TFLITE_FILE), "wb") as f:
             f.write(flatbuffer)
         if kind == "sentencepiece":
-            shutil.copyfile(sp_model, os.path.join(staging, MODEL_FILE))
+            tf.io.gfile.copy(sp_model, os.path.join(staging, MODEL_FILE))
         with open(os.path.join(staging, CONFIG_FILE), "w") as f:
             json.dump({"model": config["model"], "tokenizer": kind, "quantize": quantize,
                        "source": os.path.abspath(model_dir), "eos_id": EOS_ID, "pad_id": PAD_ID,

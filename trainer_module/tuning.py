@@ -31,6 +31,7 @@ from deepseek_tfx.trainer_module.config import (
     TuneConfig,
     apply_hyperparameters,
 )
+from deepseek_tfx.trainer_module.flops import measure_matmul_peak, training_flops_per_token
 from deepseek_tfx.trainer_module.model import DeepSeekLM
 from deepseek_tfx.trainer_module.tokenizer import TOKENIZER_DIR_KEY, load_tokenizer
 from deepseek_tfx.trainer_module.train_loop import TrainLoop, make_optimizer
@@ -67,9 +68,10 @@ def tokens_per_byte(patterns, limit: int = 2000) -> float:
 class LoopTuner(kt.Tuner):
     """A KerasTuner tuner whose trials run ``TrainLoop`` and report eval bits per byte."""
 
-    def __init__(self, oracle, model_cfg: ModelConfig, train_cfg: TrainConfig, tune: TuneConfig, **kwargs):
+    def __init__(self, oracle, model_cfg: ModelConfig, train_cfg: TrainConfig, tune: TuneConfig,
+                 peak_flops: float = 0.0, **kwargs):
         super().__init__(oracle=oracle, **kwargs)
-        self.model_cfg, self.train_cfg, self.tune = model_cfg, train_cfg, tune
+        self.model_cfg, self.train_cfg, self.tune, self.peak_flops = model_cfg, train_cfg, tune, peak_flops
 
     def run_trial(self, trial, train_files, eval_files, eval_tokens_per_byte):
         values = trial.hyperparameters.values
@@ -84,7 +86,8 @@ class LoopTuner(kt.Tuner):
         keras.utils.set_random_seed(train_cfg.seed)
         model = DeepSeekLM(model_cfg)
         model(tf.zeros([1, 8], tf.int64))
-        loop = TrainLoop(model, make_optimizer(model, train_cfg), tf.distribute.get_strategy(), train_cfg)
+        loop = TrainLoop(model, make_optimizer(model, train_cfg), tf.distribute.get_strategy(), train_cfg,
+                         training_flops_per_token(model_cfg), self.peak_flops)
         t, batch = model_cfg.context_len, train_cfg.batch_size
         loop.train(data.packed_blocks(train_files, t, batch, seed=train_cfg.seed,
                                       shuffle_buffer=train_cfg.shuffle_buffer), steps)
@@ -112,8 +115,8 @@ def build_tuner(model_cfg: ModelConfig, train_cfg: TrainConfig, tune: TuneConfig
     else:
         oracle = kt.oracles.RandomSearchOracle(objective=objective, max_trials=tune.trials, hyperparameters=hp,
                                                seed=seed)
-    return LoopTuner(oracle, model_cfg, train_cfg, tune, directory=directory, project_name=project_name,
-                     overwrite=True)
+    return LoopTuner(oracle, model_cfg, train_cfg, tune, measure_matmul_peak("float32"), directory=directory,
+                     project_name=project_name, overwrite=True)
 
 
 def tuner_fn(fn_args) -> TunerFnResult:
