@@ -11,7 +11,7 @@ from deepseek_tfx.pipeline import cli, report
 COMMANDS = {"run": "--corpus", "retrain": "--last-spans", "compile": "--engine", "submit": "--package",
             "lineage": "--metadata", "generate": "--server", "serve-config": "--pin",
             "config": "--set", "schema": "--metadata",
-            "report": "--run"}  # each with an option of its own
+            "report": "--run", "export-tflite": "--quantize"}  # each with an option of its own
 
 
 def test_the_command_list_is_complete():

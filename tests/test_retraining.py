@@ -57,7 +57,7 @@ def _failed(evaluation_uri):
             for s in tfma.load_validation_result(evaluation_uri).metric_validations_per_slice for f in s.failures}
 
 
-def test_retrain_on_new_spans(tmp_path, shakespeare, lunyu, capsys):
+def test_retrain_on_new_spans(tmp_path, shakespeare, capsys):
     text = shakespeare.read_bytes()
     corpus, output = tmp_path / "corpus", tmp_path / "out"
     serving = output / "serving_model" / "deepseek"
@@ -130,25 +130,18 @@ def test_retrain_on_new_spans(tmp_path, shakespeare, lunyu, capsys):
         return store, summary
 
     # Bad data is stopped before training, each reason named: random bytes (ExampleGen replaces the invalid UTF-8
-    # with U+FFFD), and text in another script (its tokens are byte-fallback pieces the blessed data hardly had).
+    # with U+FFFD, and their tokens drift). Text in another script (drift alone) is checked on statistics in
+    # test_data_checks, and a span past the checks but above the absolute bound in test_e2e: one pipeline run each
+    # was not worth its minute here.
     rng = random.Random(0)
     byte_values = [b for b in range(1, 256) if b not in b"\r\n"]
     random_bytes = b"\n\n".join(bytes(rng.choice(byte_values) for _ in range(200)) for _ in range(300))
-    for data, expected in ((random_bytes, {"replacement_chars", "token_ids"}),
-                           (lunyu.read_bytes()[:60_000].decode("utf-8", "ignore").encode(), {"token_ids"})):
-        trainers = len(mlmd.node_executions(store, PIPELINE_NAME, "Trainer"))
-        store, stopped = span_3(data, exit_code=1)
-        assert stopped["data_checks_passed"] is False and "blessed" not in stopped
-        assert {reason.split(":")[0] for reason in stopped["data_checks_failed"]} == expected, stopped
-        assert len(mlmd.node_executions(store, PIPELINE_NAME, "Trainer")) == trainers  # nothing trained
-        assert "FAILED, nothing trained or pushed" in report.format_summary(stopped)
-
-    # Garbage past the data checks (drift off): uniformly random printable characters carry log2(95) = 6.6 bits
-    # per character, above the bound.
-    alphabet = [chr(c) for c in range(32, 127)]
-    garbage = "\n\n".join("".join(rng.choice(alphabet) for _ in range(300)) for _ in range(260))
-    store, third = span_3(garbage.encode(), "--set", "data_checks.max_token_drift=none")
-    assert third["blessed"] is False and third["eval_bits_per_byte"] > 6.0
+    trainers = len(mlmd.node_executions(store, PIPELINE_NAME, "Trainer"))
+    store, stopped = span_3(random_bytes, exit_code=1)
+    assert stopped["data_checks_passed"] is False and "blessed" not in stopped
+    assert {reason.split(":")[0] for reason in stopped["data_checks_failed"]} == {"replacement_chars", "token_ids"}
+    assert len(mlmd.node_executions(store, PIPELINE_NAME, "Trainer")) == trainers  # nothing trained
+    assert "FAILED, nothing trained or pushed" in report.format_summary(stopped)
 
     # Repetitive spam past the data checks: its model is better on the spam's own eval split, but worse on the
     # reference eval set (span 1's eval split) than version 2 by more than the tolerance: not blessed.
