@@ -46,8 +46,7 @@ def native_bfloat16(device: autotune.Device) -> bool:
         return True
     if device.kind == "GPU":
         return bool(device.compute_capability) and tuple(device.compute_capability) >= (8, 0)
-    flags = autotune.cpu_signature().split("|")[1].split()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & autotune.cpu_flags())
 
 
 CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",

@@ -21,11 +21,12 @@ from deepseek_tfx.components.mlmd import (
     PUSHED_DESTINATION_PROPERTY,
     PUSHED_MODEL_KEY,
     PUSHED_PROPERTY,
+    TFLITE_EXPORTED_PROPERTY,
     TFLITE_MODEL_KEY,
+    TFLITE_QUANTIZE_PROPERTY,
 )
 
 QUANTIZE_KEY = "quantize"
-EXPORTED_PROPERTY = "exported"
 
 
 class TFLiteExporterSpec(ComponentSpec):
@@ -43,7 +44,7 @@ class _Executor(base_executor.BaseExecutor):
         pushed = artifact_utils.get_single_instance(input_dict[PUSHED_MODEL_KEY])
         output = artifact_utils.get_single_instance(output_dict[TFLITE_MODEL_KEY])
         if not pushed.get_int_custom_property(PUSHED_PROPERTY):
-            output.set_int_custom_property(EXPORTED_PROPERTY, 0)
+            output.set_int_custom_property(TFLITE_EXPORTED_PROPERTY, 0)
             logging.info("Nothing was pushed: no TensorFlow Lite export")
             return
         source = pushed.get_string_custom_property(PUSHED_DESTINATION_PROPERTY)
@@ -54,8 +55,8 @@ class _Executor(base_executor.BaseExecutor):
             tf.io.gfile.makedirs(output.uri)
             for name in os.listdir(local):
                 tf.io.gfile.copy(os.path.join(local, name), os.path.join(output.uri, name), overwrite=True)
-        output.set_int_custom_property(EXPORTED_PROPERTY, 1)
-        output.set_string_custom_property(QUANTIZE_KEY, quantize)
+        output.set_int_custom_property(TFLITE_EXPORTED_PROPERTY, 1)
+        output.set_string_custom_property(TFLITE_QUANTIZE_PROPERTY, quantize)
         output.set_string_custom_property("source", source)
         logging.info("TensorFlow Lite model (%s) of %s written to %s", quantize, source, output.uri)
 

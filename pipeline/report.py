@@ -27,7 +27,9 @@ from deepseek_tfx.components.mlmd import (
     PUSHED_PROPERTY,
     PUSHED_VERSION_PROPERTY,
     SPAN_PROPERTY,
+    TFLITE_EXPORTED_PROPERTY,
     TFLITE_MODEL_KEY,
+    TFLITE_QUANTIZE_PROPERTY,
     prop,
     single,
 )
@@ -181,8 +183,8 @@ def run_summary(store, pipeline_name: str, run_id: str | None = None) -> dict[st
         summary.update(pushed_model_path=prop(pushed, PUSHED_DESTINATION_PROPERTY),
                        pushed_version=prop(pushed, PUSHED_VERSION_PROPERTY))
     tflite = single(mlmd.latest_outputs(store, pipeline_name, TFLITE_EXPORTER, run_id), TFLITE_MODEL_KEY)
-    if tflite is not None and prop(tflite, "exported", 0):  # the optional TFLiteExporter step
-        summary["tflite_model"] = f"{tflite.uri} ({prop(tflite, 'quantize', 'none')})"
+    if tflite is not None and prop(tflite, TFLITE_EXPORTED_PROPERTY, 0):  # the optional TFLiteExporter step
+        summary["tflite_model"] = f"{tflite.uri} ({prop(tflite, TFLITE_QUANTIZE_PROPERTY, 'none')})"
     return summary
 
 

@@ -135,9 +135,9 @@ def decide(train: TrainConfig, model: ModelConfig, devices: Sequence[Device] | N
                     f"CPU, measured tokens/s of a one-block probe: {measured}{where}", rates, seconds, cached)
 
 
-def cpu_signature() -> str:
-    """What tells CPUs apart for speed: model name, instruction-set flags and core count."""
-    fields = {}
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -145,6 +145,17 @@ def cpu_signature() -> str:
                 fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's instruction-set flags (e.g. avx512_bf16, amx_bf16)."""
+    return set(_cpuinfo().get("flags", "").split())
+
+
+def cpu_signature() -> str:
+    """What tells CPUs apart for speed: model name, instruction-set flags and core count."""
+    fields = _cpuinfo()
     return f"{fields.get('model name', '')}|{fields.get('flags', '')}|{os.cpu_count()}"
 
 
