@@ -38,27 +38,30 @@ def matmul_bound(config, batch: int, xla: bool, repeats: int = 40) -> tuple[floa
     per_layer = [(d, 3 * d), (d, d), (d, f), (d, f), (f, d)]
     shapes = per_layer * config.n_layers + [(d, config.vocab_size)]
     weights = [tf.random.normal(s) for s in shapes]
-    acts = {k: tf.random.normal([n, k]) for k in {a for a, _ in shapes}}
-    grads = {k: tf.random.normal([n, k]) for k in {b for _, b in shapes}}
-    q = tf.random.normal([batch * h, t, d // h])
-    p = tf.random.normal([batch * h, t, t])
+    # Each product gets operands of its own (as in a real step): identical products would be merged by
+    # grappler's common-subexpression elimination and counted without being computed.
+    acts = [tf.random.normal([n, a]) for a, _ in shapes]
+    grads = [tf.random.normal([n, b]) for _, b in shapes]
+    # per layer: q, k, v and the output's gradient do [B*H, T, d_h]; probabilities p and their gradient dp [B*H, T, T]
+    attn = [[tf.random.normal([batch * h, t, t if i >= 4 else d // h]) for i in range(6)]
+            for _ in range(config.n_layers)]
 
+    # Every operand is an argument: captured eager tensors would be graph constants, which grappler folds.
     @tf.function(jit_compile=xla)
-    def step():
+    def step(weights, acts, grads, attn):
         out = []
-        for w in weights:
-            a, b = w.shape
-            out += [tf.matmul(acts[a], w), tf.matmul(grads[b], w, transpose_b=True),
-                    tf.matmul(acts[a], grads[b], transpose_a=True)]
-        for _ in range(config.n_layers):  # scores and output, forward, and their four backward products
-            out += [tf.matmul(q, q, transpose_b=True), tf.matmul(p, q), tf.matmul(p, q),
-                    tf.matmul(p, q, transpose_a=True), tf.matmul(p, q), tf.matmul(p, q, transpose_a=True)]
+        for w, x, g in zip(weights, acts, grads, strict=True):
+            out += [tf.matmul(x, w), tf.matmul(g, w, transpose_b=True), tf.matmul(x, g, transpose_a=True)]
+        for q, k, v, do, p, dp in attn:
+            # forward: scores q k^T and output p v; backward: dv = p^T do, dp = do v^T, dq = dp k, dk = dp^T q
+            out += [tf.matmul(q, k, transpose_b=True), tf.matmul(p, v), tf.matmul(p, do, transpose_a=True),
+                    tf.matmul(do, v, transpose_b=True), tf.matmul(dp, k), tf.matmul(dp, q, transpose_a=True)]
         return tf.add_n([tf.reduce_sum(o[:1, :1]) for o in out])  # keeps every product alive
 
-    float(step())
+    float(step(weights, acts, grads, attn))
     start = time.perf_counter()
     for _ in range(repeats):
-        result = step()
+        result = step(weights, acts, grads, attn)
     float(result)
     seconds = (time.perf_counter() - start) / repeats
     flops = sum(6 * n * a * b for a, b in shapes) + config.n_layers * 6 * 2 * batch * h * t * t * (d // h)
