@@ -53,6 +53,9 @@ def test_an_explicit_field_is_kept_and_only_the_other_is_decided():
     ({"float32": 900, "float32+xla": 600, "mixed_bfloat16": 400, "mixed_bfloat16+xla": 1200},
      ("mixed_bfloat16", True)),
     ({"float32": 900, "float32+xla": 950, "mixed_bfloat16": 400, "mixed_bfloat16+xla": 700}, ("float32", True)),
+    # within PROBE_MARGIN (5%) of the fastest, the simpler setting is kept: a tie does not flip the choice
+    ({"float32": 900, "float32+xla": 930, "mixed_bfloat16": 400, "mixed_bfloat16+xla": 940}, ("float32", False)),
+    ({"float32": 499, "float32+xla": 522, "mixed_bfloat16": 221, "mixed_bfloat16+xla": 527}, ("float32", True)),
 ])
 def test_a_cpu_is_probed_and_the_fastest_setting_wins(rates, chosen):
     decision = autotune.decide(AUTO, MODEL, [Device("CPU")],

@@ -7,8 +7,9 @@ Rules (TrainConfig.precision / jit_compile ``auto``; an explicit value is kept a
 * a CPU: measured. CPUs differ (with or without native bfloat16 matmuls; XLA's fusion helps on some and
   its small batched dots hurt on others), so a short probe trains a one-block copy of the model (its MoE
   block when it has one; same width, experts and context, the micro-batch cut to PROBE_TOKENS tokens) for a
-  few steps in each candidate setting and keeps the fastest: mixed_bfloat16 only where it measured faster
-  than float32, XLA only where it measured faster than TensorFlow's own kernels. The result is kept in a
+  few steps in each candidate setting and keeps the fastest, preferring the simpler one (float32 before
+  mixed_bfloat16, TensorFlow's own kernels before XLA) unless the other measured at least PROBE_MARGIN faster:
+  a tie within the probe's noise does not flip the setting from one run to the next. The result is kept in a
   small JSON file keyed by the CPU (model name, flags, cores), the TensorFlow version and the probed shape,
   so a machine probes a shape once.
 * several CPU workers (MultiWorkerMirroredStrategy): float32 without XLA, unprobed, since workers probing on
@@ -35,6 +36,10 @@ import tf_keras as keras
 from deepseek_tfx.trainer_module.config import SET_IN_CONFIG, ModelConfig, TrainConfig
 
 log = logging.getLogger(__name__)
+
+PROBE_MARGIN = 1.05
+"""A setting less simple than another must measure at least this many times its tokens/s to be chosen
+(repeated probes of one shape on one machine differ by a few per cent)."""
 
 PROBE_STEPS = 3
 """Timed steps per candidate (after two untimed ones that trace, compile and warm up)."""
@@ -128,7 +133,8 @@ def decide(train: TrainConfig, model: ModelConfig, devices: Sequence[Device] | N
         rates = {c: probe(c.split("+")[0], c.endswith("+xla")) for c in candidates}
         seconds, cached = time.perf_counter() - start, ""
         _write_cache(path, rates)
-    best = max(rates, key=rates.get)
+    fastest = max(rates.values())
+    best = next(c for c in candidates if rates.get(c, 0.0) * PROBE_MARGIN >= fastest)  # simplest first
     measured = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(rates.items(), key=lambda kv: -kv[1]))
     where = f" (probed by an earlier run on this machine: {path})" if cached else ""
     return Decision(best.split("+")[0], best.endswith("+xla"),
