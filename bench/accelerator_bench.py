@@ -1,7 +1,7 @@
 """Training speed and MFU on whatever device this process has (GPU, TPU or CPU), XLA on and off.
 
     python -m bench.accelerator_bench [--seconds 20] [--presets small,medium] [--precision auto]
-        [--json OUT.json]
+        [--xla both|off|on] [--json OUT.json]
 
 For each preset (``small``; ``medium``, the ~100M-parameter one) it runs the Trainer's own ``TrainLoop`` on
 the bytes of ``--corpus`` as token ids, from memory (vocabulary 2,048, the pipeline's default tokenizer size;
@@ -100,6 +100,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="timed training per row")
     parser.add_argument("--presets", default="small,medium")
     parser.add_argument("--precision", default="auto", help="auto (this device's rule or probe) or a policy name")
+    parser.add_argument("--xla", choices=("both", "off", "on"), default="both",
+                        help="which rows: with and without XLA (default), or only one kind")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--corpus", default=CORPUS, help="text whose bytes are the training tokens")
     args = parser.parse_args()
@@ -131,6 +133,7 @@ def main() -> int:
                   f"({decision.reason}; probe {decision.probe_seconds:.1f} s)")
         # XLA last: its compiled step's buffers stay with the process (a 100M model's OOMed the next row).
         combos = [(False, "dropless")] + ([] if accelerator else [(False, "capacity")]) + [(True, "capacity")]
+        combos = [(xla, d) for xla, d in combos if args.xla == "both" or xla == (args.xla == "on")]
         for xla, dispatch in combos:
             r = measure(preset, precision, xla, dispatch, args.seconds, args.corpus)
             mfu = {d: r["tokens_per_second"] * r["flops_per_token"] / (peaks[d] * r["replicas"]) for d in peaks}

@@ -1,6 +1,6 @@
 """Quality at equal time: the ``small`` preset trained for 90 s on tinyshakespeare, validation bits per byte.
 
-    python -m bench.quality_bench [--seconds 90] [--corpus ../shared/data/tinyshakespeare.txt]
+    python -m bench.quality_bench [--seconds 90] [--corpus ../shared/data/tinyshakespeare.txt] [--set model.X=V ...]
 
 The reference: a 0.8M-parameter character-level PyTorch model reaches 2.70 bits
 per byte on the last 10% after 90 s of training on the first 90%, on these
@@ -12,8 +12,8 @@ per byte on the last 10% after 90 s of training on the first 90%, on these
     precision and XLA setting ``auto`` picks on this machine (its probe is set-up,
     not training), for ``--seconds`` of wall-clock time counted from before the
     first step (tracing included); the cosine schedule is sized to the steps that
-    fit: a calibration (a throwaway copy of the model, a few steps, also set-up)
-    measures the first step and the steady step time, so the whole budget is used
+    fit: a calibration (a throwaway copy of the model, 25 steps, also set-up)
+    measures the first step and the steady step time (steps 10-25), so the whole budget is used
     (``--steps`` sets the schedule instead);
   * validation: the whole last 10%, tokenized, scored in consecutive windows of
     the context length (each token predicted from the tokens before it in its
@@ -37,8 +37,8 @@ import tensorflow as tf
 import tf_keras as keras
 
 from deepseek_tfx.components.tokenizer_gen import train_sentencepiece
+from deepseek_tfx.pipeline import settings
 from deepseek_tfx.trainer_module import autotune
-from deepseek_tfx.trainer_module.config import get_preset
 from deepseek_tfx.trainer_module.flops import compute_dtype, measure_matmul_peak, training_flops_per_token
 from deepseek_tfx.trainer_module.model import DeepSeekLM, token_nll
 from deepseek_tfx.trainer_module.train_loop import TrainLoop, make_optimizer
@@ -75,8 +75,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=90.0)
     parser.add_argument("--steps", type=int, default=0, help="schedule length; 0: calibrated to fill --seconds")
     parser.add_argument("--vocab-size", type=int, default=2048)
-    parser.add_argument("--learning-rate", type=float, default=None)
-    parser.add_argument("--batch-size", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="change the small preset's model or train field, as `deepseek-tfx run --set` does")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)  # TF installed a handler first
 
@@ -94,13 +94,11 @@ def main() -> int:
     print(f"tokenizer: vocab {vocab}, learned and applied in {tokenizer_s:.1f}s; train {len(train_ids):,} tokens "
           f"({cut:,} bytes), validation {len(val_ids):,} tokens ({len(raw) - cut:,} bytes)")
 
-    preset = get_preset("small")
-    config = preset.model.replace(vocab_size=vocab)
-    decision = autotune.decide(preset.train, config)
-    cfg = autotune.apply(preset.train, decision).replace(
-        max_train_seconds=args.seconds, checkpoint_every=0, eval_batches=0, log_every=25,
-        **({"learning_rate": args.learning_rate} if args.learning_rate else {}),
-        **({"batch_size": args.batch_size} if args.batch_size else {}))
+    chosen = settings.load(assignments=["pipeline.preset=small", *args.set])
+    config = chosen.resolved_model.replace(vocab_size=vocab)
+    decision = autotune.decide(chosen.resolved_train, config)
+    cfg = autotune.apply(chosen.resolved_train, decision).replace(
+        max_train_seconds=args.seconds, checkpoint_every=0, eval_batches=0, log_every=25)
     print(f"precision {cfg.precision}, XLA {'on' if cfg.jit_compile else 'off'}: {decision.reason}")
     keras.mixed_precision.set_global_policy(cfg.precision)
     peak = measure_matmul_peak(compute_dtype(cfg.precision))
@@ -115,9 +113,10 @@ def main() -> int:
 
     steps = args.steps
     if not steps:  # calibration: first step and steady step time of a throwaway copy
-        probe = new_loop(cfg.replace(train_steps=10, max_train_seconds=0.0, log_every=1000))
+        probe = new_loop(cfg.replace(train_steps=25, max_train_seconds=0.0, log_every=1000))
         first = probe.train(data, 1)
-        steady = probe.train(data, 8, start_step=1)
+        probe.train(data, 9, start_step=1)  # the first steps after tracing are slower than the rest
+        steady = probe.train(data, 25, start_step=9)
         step_s = steady.seconds / (steady.steps - steady.start_step)
         steps = max(cfg.warmup_steps + 1, int((args.seconds - first.seconds) / step_s))
         print(f"calibration: first step {first.seconds:.1f}s, then {step_s * 1000:.0f} ms per step: "
@@ -131,6 +130,9 @@ def main() -> int:
     total, active = model.parameter_counts()
     print(f"small preset: {total / 1e6:.2f}M parameters ({active / 1e6:.2f}M activated), {result.steps} steps "
           f"in {result.seconds:.1f}s ({result.tokens:,} tokens, {result.tokens_per_second:,.0f} tokens/s steady)")
+    for i, moe in enumerate(model.moe_layers()):
+        load = moe.expert_load.numpy()
+        print(f"MoE layer {i}: the last step's busiest expert took {load.max() / load.mean():.2f}x the mean load")
     print(f"validation: {nll / (len(val_ids) - 1):.4f} nats/token, {bpb:.3f} bits per byte "
           f"(reference: 2.70 for the 0.8M-parameter char-level PyTorch model in 90 s)")
     return 0
