@@ -11,10 +11,9 @@ per byte on the last 10% after 90 s of training on the first 90%, on these
     optimizer, schedule, logging) on packed blocks of the training ids, in the
     precision and XLA setting ``auto`` picks on this machine (its probe is set-up,
     not training), for ``--seconds`` of wall-clock time counted from before the
-    first step (tracing included); the cosine schedule is sized to the steps that
-    fit: a calibration (a throwaway copy of the model, 25 steps, also set-up)
-    measures the first step and the steady step time (steps 10-25), so the whole budget is used
-    (``--steps`` sets the schedule instead);
+    first step (tracing included); the cosine schedule ends with the budget: its
+    end is re-sized every 25 steps to the steps the remaining time holds at the
+    step time of the last 25 steps (``--steps`` fixes the schedule instead);
   * validation: the whole last 10%, tokenized, scored in consecutive windows of
     the context length (each token predicted from the tokens before it in its
     window, the first from the previous window's last token), bits per byte =
@@ -73,7 +72,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", default=os.path.join(REPO, "..", "shared", "data", "tinyshakespeare.txt"))
     parser.add_argument("--seconds", type=float, default=90.0)
-    parser.add_argument("--steps", type=int, default=0, help="schedule length; 0: calibrated to fill --seconds")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="schedule length; 0: re-sized while training to end with --seconds")
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="change the small preset's model or train field, as `deepseek-tfx run --set` does")
@@ -104,32 +104,54 @@ def main() -> int:
     peak = measure_matmul_peak(compute_dtype(cfg.precision))
     data = blocks(train_ids, config.context_len, cfg.batch_size, cfg.seed)
 
-    def new_loop(train_cfg):
-        keras.utils.set_random_seed(train_cfg.seed)
-        model = DeepSeekLM(config)
-        model(tf.zeros([1, 8], tf.int64))
-        return TrainLoop(model, make_optimizer(model, train_cfg), tf.distribute.get_strategy(), train_cfg,
+    keras.utils.set_random_seed(cfg.seed)
+    model = DeepSeekLM(config)
+    model(tf.zeros([1, 8], tf.int64))
+    tokens_per_step = cfg.batch_size * config.context_len
+    if args.steps:
+        loop = TrainLoop(model, make_optimizer(model, cfg.replace(train_steps=args.steps)),
+                         tf.distribute.get_strategy(), cfg, training_flops_per_token(config), peak)
+        result = loop.train(data, args.steps)
+        steps, seconds, steady = result.steps, result.seconds, result.steady_seconds
+    else:
+        # The cosine's end is a variable, re-sized every 25 steps to the steps the rest of the budget holds at
+        # the step time of the last 25 steps: the schedule ends with the budget, whatever this machine's speed
+        # (and its changes). The first steps (the warmup, where the end does not matter yet) measure it first.
+        schedule_steps = tf.Variable(float(cfg.train_steps), trainable=False)
+        loop = TrainLoop(model, make_optimizer(model, cfg, schedule_steps), tf.distribute.get_strategy(), cfg,
                          training_flops_per_token(config), peak)
+        start = time.perf_counter()
+        warm = loop.train(data, max(cfg.warmup_steps, 10))
+        first_step = warm.seconds - warm.steady_seconds
 
-    steps = args.steps
-    if not steps:  # calibration: first step and steady step time of a throwaway copy
-        probe = new_loop(cfg.replace(train_steps=25, max_train_seconds=0.0, log_every=1000))
-        first = probe.train(data, 1)
-        probe.train(data, 9, start_step=1)  # the first steps after tracing are slower than the rest
-        steady = probe.train(data, 25, start_step=9)
-        step_s = steady.seconds / (steady.steps - steady.start_step)
-        steps = max(cfg.warmup_steps + 1, int((args.seconds - first.seconds) / step_s))
-        print(f"calibration: first step {first.seconds:.1f}s, then {step_s * 1000:.0f} ms per step: "
-              f"the schedule is sized to {steps} steps")
-    cfg = cfg.replace(train_steps=steps)
-    loop = new_loop(cfg)
-    model = loop.model
-    result = loop.train(data, cfg.train_steps)
+        last = {"step": warm.steps, "elapsed": time.perf_counter() - start}
+        per_step = warm.steady_seconds / max(warm.steps - 1, 1)
+
+        def resize(step: int) -> None:
+            nonlocal per_step
+            elapsed = time.perf_counter() - start
+            if step > last["step"]:  # the step time of the last 25 steps: the machine's speed now
+                per_step = (elapsed - last["elapsed"]) / (step - last["step"])
+            last.update(step=step, elapsed=elapsed)
+            schedule_steps.assign(step + max(args.seconds - elapsed, 0.0) / per_step)
+
+        resize(warm.steps)
+        expected = int(schedule_steps.numpy())
+        print(f"first step {first_step:.1f}s, then {1e3 * per_step:.0f} ms per step: the schedule is sized to "
+              f"about {expected} steps, re-sized every 25 steps; the loop runs until the budget ends (its "
+              f"step count, {2 * expected}, is only an upper bound)")
+        loop.cfg = cfg.replace(max_train_seconds=args.seconds - (time.perf_counter() - start), eval_every=25)
+        rest = loop.train(data, 2 * expected, start_step=warm.steps, evaluate=resize)
+        steps, seconds = rest.steps, time.perf_counter() - start
+        steady = seconds - first_step
+        print(f"the schedule ended at step {schedule_steps.numpy():.0f}; the loop stopped at step {steps}")
+    result_tokens = steps * tokens_per_step
     nll = validation_nll(model, val_ids, config.context_len)
     bpb = nll / (math.log(2) * (len(raw) - cut))
     total, active = model.parameter_counts()
-    print(f"small preset: {total / 1e6:.2f}M parameters ({active / 1e6:.2f}M activated), {result.steps} steps "
-          f"in {result.seconds:.1f}s ({result.tokens:,} tokens, {result.tokens_per_second:,.0f} tokens/s steady)")
+    print(f"small preset: {total / 1e6:.2f}M parameters ({active / 1e6:.2f}M activated), {steps} steps "
+          f"in {seconds:.1f}s ({result_tokens:,} tokens, {(steps - 1) * tokens_per_step / steady:,.0f} tokens/s "
+          "steady)")
     for i, moe in enumerate(model.moe_layers()):
         load = moe.expert_load.numpy()
         print(f"MoE layer {i}: the last step's busiest expert took {load.max() / load.mean():.2f}x the mean load")

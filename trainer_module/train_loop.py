@@ -33,7 +33,8 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
         warm = self.peak * step / max(self.warmup, 1)
-        progress = tf.clip_by_value((step - self.warmup) / max(self.total - self.warmup, 1), 0.0, 1.0)
+        span = tf.maximum(tf.cast(self.total, tf.float32) - self.warmup, 1.0)  # total may be a tf.Variable
+        progress = tf.clip_by_value((step - self.warmup) / span, 0.0, 1.0)
         cosine = self.peak * (self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + tf.cos(math.pi * progress)))
         return tf.where(step < self.warmup, warm, cosine)
 
@@ -41,10 +42,16 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
         return {"peak": self.peak, "warmup": self.warmup, "total": self.total, "min_ratio": self.min_ratio}
 
 
-def make_optimizer(model: DeepSeekLM, cfg: TrainConfig) -> keras.optimizers.Optimizer:
-    """AdamW with decay on matrices only, warmup + cosine schedule, global-norm clipping."""
+def make_optimizer(model: DeepSeekLM, cfg: TrainConfig, schedule_steps: int | tf.Variable | None = None
+                   ) -> keras.optimizers.Optimizer:
+    """AdamW with decay on matrices only, warmup + cosine schedule, global-norm clipping.
+
+    ``schedule_steps``: where the cosine ends; default ``cfg.train_steps``; a tf.Variable lets the caller
+    re-size the schedule while training (bench.quality_bench ends it with a time budget).
+    """
     optimizer = keras.optimizers.AdamW(
-        learning_rate=WarmupCosine(cfg.learning_rate, cfg.warmup_steps, cfg.train_steps,
+        learning_rate=WarmupCosine(cfg.learning_rate, cfg.warmup_steps,
+                                   cfg.train_steps if schedule_steps is None else schedule_steps,
                                    cfg.min_learning_rate_ratio),
         weight_decay=cfg.weight_decay, beta_1=0.9, beta_2=0.95,
         global_clipnorm=cfg.grad_clip_norm or None, jit_compile=False)
