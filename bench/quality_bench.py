@@ -108,43 +108,32 @@ def main() -> int:
     model = DeepSeekLM(config)
     model(tf.zeros([1, 8], tf.int64))
     tokens_per_step = cfg.batch_size * config.context_len
-    if args.steps:
-        loop = TrainLoop(model, make_optimizer(model, cfg.replace(train_steps=args.steps)),
-                         tf.distribute.get_strategy(), cfg, training_flops_per_token(config), peak)
-        result = loop.train(data, args.steps)
-        steps, seconds, steady = result.steps, result.seconds, result.steady_seconds
-    else:
-        # The cosine's end is a variable, re-sized every 25 steps to the steps the rest of the budget holds at
-        # the step time of the last 25 steps: the schedule ends with the budget, whatever this machine's speed
-        # (and its changes). The first steps (the warmup, where the end does not matter yet) measure it first.
-        schedule_steps = tf.Variable(float(cfg.train_steps), trainable=False)
-        loop = TrainLoop(model, make_optimizer(model, cfg, schedule_steps), tf.distribute.get_strategy(), cfg,
-                         training_flops_per_token(config), peak)
-        start = time.perf_counter()
-        warm = loop.train(data, max(cfg.warmup_steps, 10))
-        first_step = warm.seconds - warm.steady_seconds
+    # --steps N fixes the schedule at N steps. Otherwise the cosine's end is a variable, re-sized every 25 steps
+    # (the loop's eval_every hook) to the steps the rest of the budget holds at the step time of the last 25
+    # steps: the schedule ends with the budget whatever this machine's speed (and its changes). Until the
+    # second re-size (step 50, after the warmup: the first 25 steps hold the tracing) it is the preset's.
+    schedule_steps = tf.Variable(float(args.steps or cfg.train_steps), trainable=False)
+    loop = TrainLoop(model, make_optimizer(model, cfg, schedule_steps), tf.distribute.get_strategy(),
+                     cfg.replace(eval_every=0 if args.steps else 25), training_flops_per_token(config), peak)
+    marks = []
 
-        last = {"step": warm.steps, "elapsed": time.perf_counter() - start}
-        per_step = warm.steady_seconds / max(warm.steps - 1, 1)
+    def resize(step: int) -> None:
+        marks.append((step, time.perf_counter()))
+        if len(marks) >= 2:
+            (step_0, time_0), (step_1, time_1) = marks[-2:]
+            remaining = args.seconds - (time_1 - start)
+            schedule_steps.assign(step + max(remaining, 0.0) * (step_1 - step_0) / (time_1 - time_0))
 
-        def resize(step: int) -> None:
-            nonlocal per_step
-            elapsed = time.perf_counter() - start
-            if step > last["step"]:  # the step time of the last 25 steps: the machine's speed now
-                per_step = (elapsed - last["elapsed"]) / (step - last["step"])
-            last.update(step=step, elapsed=elapsed)
-            schedule_steps.assign(step + max(args.seconds - elapsed, 0.0) / per_step)
-
-        resize(warm.steps)
-        expected = int(schedule_steps.numpy())
-        print(f"first step {first_step:.1f}s, then {1e3 * per_step:.0f} ms per step: the schedule is sized to "
-              f"about {expected} steps, re-sized every 25 steps; the loop runs until the budget ends (its "
-              f"step count, {2 * expected}, is only an upper bound)")
-        loop.cfg = cfg.replace(max_train_seconds=args.seconds - (time.perf_counter() - start), eval_every=25)
-        rest = loop.train(data, 2 * expected, start_step=warm.steps, evaluate=resize)
-        steps, seconds = rest.steps, time.perf_counter() - start
-        steady = seconds - first_step
-        print(f"the schedule ended at step {schedule_steps.numpy():.0f}; the loop stopped at step {steps}")
+    if not args.steps:
+        print(f"the loop runs until the {args.seconds:.0f} s budget ends (its step count, "
+              f"{int(100 * args.seconds)}, is only an upper bound)")
+    start = time.perf_counter()
+    result = loop.train(data, args.steps or int(100 * args.seconds), evaluate=resize)
+    wall = time.perf_counter() - start
+    steps, seconds, steady = result.steps, result.seconds, result.steady_seconds
+    if not args.steps:
+        print(f"the schedule ended at step {schedule_steps.numpy():.0f}; the loop stopped at step {steps} after "
+              f"{seconds:.1f} s ({wall:.1f} s on the bench's clock)")
     result_tokens = steps * tokens_per_step
     nll = validation_nll(model, val_ids, config.context_len)
     bpb = nll / (math.log(2) * (len(raw) - cut))

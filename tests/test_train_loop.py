@@ -222,10 +222,16 @@ def test_divergence_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
                for name, _ in tf.train.list_variables(str(tmp_path)) if "model" in name)
 
 
-def test_time_limit_stops_early_and_says_so():
+def test_time_limit_stops_early_and_says_so(caplog):
     loop = _loop(STEP.replace(max_train_seconds=0.01))
     result = loop.train(_data(), 50)
     assert result.stopped_by_time and 1 <= result.steps < 50
+    # A time-limited run's ETA is at most the time left, however many steps the range still holds.
+    loop = _loop(STEP.replace(max_train_seconds=6, log_every=10))
+    with caplog.at_level(logging.INFO, logger="deepseek_tfx.trainer_module.train_loop"):
+        assert loop.train(_data().repeat(), 1_000_000).stopped_by_time
+    etas = [float(r.getMessage().rsplit("ETA ", 1)[1].rstrip("s")) for r in caplog.records if "ETA" in r.getMessage()]
+    assert len(etas) > 1 and all(eta <= 6 for eta in etas)
 
 
 def test_steady_rate_excludes_the_first_step():

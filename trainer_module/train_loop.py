@@ -326,6 +326,8 @@ class TrainLoop:
                 rate = (step - mark_step) * tokens_per_step / max(now - mark, 1e-9)
                 mfu = rate * self.flops_per_token / self.peak_flops if self.peak_flops else float("nan")
                 eta = (steps - step) * (now - start) / max(step - start_step, 1)
+                if cfg.max_train_seconds:  # a time limit ends the run first when it comes sooner
+                    eta = max(min(eta, cfg.max_train_seconds - (now - start)), 0.0)
                 lr = self.learning_rate()
                 # Capacity dispatch: the share of token copies over capacity, averaged over the MoE layers.
                 drops = f" dropped {100 * dropped.mean():.2f}%" if self.dispatch == "capacity" else ""
