@@ -80,8 +80,8 @@ def train_rate(config, batch: int, xla: bool, seconds: float, attention: bool) -
     if not attention:
         layers.MultiHeadAttention._attend = _values_only
     try:
-        cfg = TrainConfig(train_steps=1_000_000, batch_size=batch, jit_compile=xla, log_every=1_000_000,
-                          checkpoint_every=0, eval_batches=0, max_train_seconds=seconds)
+        cfg = TrainConfig(train_steps=1_000_000, batch_size=batch, precision="float32", jit_compile=xla,
+                          log_every=1_000_000, checkpoint_every=0, eval_batches=0, max_train_seconds=seconds)
         model = DeepSeekLM(config)
         model(tf.zeros([1, 8], tf.int64))
         loop = TrainLoop(model, make_optimizer(model, cfg), tf.distribute.get_strategy(), cfg)
