@@ -4,8 +4,10 @@ A tiny model is trained for a few seconds on tinyshakespeare's bytes (so its log
 as a SavedModel the way the Trainer exports, then converted; the TFLite model is compared with the SavedModel.
 """
 
+import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -130,6 +132,25 @@ def test_the_command_line_refuses_a_directory_that_is_not_a_model_and_leaves_not
     with pytest.raises(SystemExit):
         cli.main(["export-tflite", "--model-dir", str(tmp_path), "--output", str(missing), "--quantize", "int4"])
     assert "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_an_existing_output_is_replaced_only_when_it_is_an_earlier_export(saved_model, exported, tmp_path):
+    # A directory with anything else in it (here a user's file) is refused before any work, and left as it was.
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    with pytest.raises(tflite_export.ExportError, match=r"--output .*taken: exists and is not an earlier TFLite "
+                                                        r"export \(it holds notes.txt\)"):
+        tflite_export.export_tflite(saved_model, str(taken))
+    assert os.listdir(taken) == ["notes.txt"] and (taken / "notes.txt").read_text() == "mine"
+    with pytest.raises(tflite_export.ExportError, match="exists and is not a directory"):
+        tflite_export.export_tflite(saved_model, str(taken / "notes.txt"))
+    # An earlier export is replaced by the new one, and nothing is left beside it.
+    again = tmp_path / "again"
+    shutil.copytree(exported["dynamic-int8"], again)
+    tflite_export.export_tflite(saved_model, str(again), "float16")
+    assert json.loads((again / tflite_export.CONFIG_FILE).read_text())["quantize"] == "float16"
+    assert sorted(os.listdir(tmp_path)) == ["again", "taken"]
 
 
 class _SentencePieceTransform:

@@ -110,8 +110,10 @@ def export_tflite(model_dir: str, output_dir: str, quantize: str = "none", token
     """Writes model.tflite, the tokenizer and tflite_config.json into ``output_dir``; returns the .tflite path.
 
     The files are written into a temporary directory beside ``output_dir`` and moved into place at the end,
-    so a failed export leaves nothing half-written.
+    so a failed export leaves nothing half-written. An existing ``output_dir`` is replaced only when it is empty
+    or holds an earlier export and nothing else; any other existing directory or file is refused, untouched.
     """
+    _check_replaceable(output_dir)
     model, config = load_pushed_model(model_dir)
     kind = config.get("tokenizer")
     sp_model = tokenizer_model or os.path.join(model_dir, "assets.extra", MODEL_FILE)
@@ -132,10 +134,36 @@ def export_tflite(model_dir: str, output_dir: str, quantize: str = "none", token
             json.dump({"model": config["model"], "tokenizer": kind, "quantize": quantize,
                        "source": os.path.abspath(model_dir), "eos_id": EOS_ID, "pad_id": PAD_ID,
                        "num_reserved": NUM_RESERVED}, f, indent=2, sort_keys=True)
-        if os.path.exists(output_dir):
-            shutil.rmtree(output_dir)
-        os.replace(staging, output_dir)
+        _check_replaceable(output_dir)  # again: something may have appeared while converting
+        previous = None
+        if os.path.exists(output_dir):  # an earlier export: moved aside, removed once the new one is in place
+            previous = tempfile.mkdtemp(prefix=".tflite-old-", dir=parent)
+            os.replace(output_dir, os.path.join(previous, "export"))
+        try:
+            os.replace(staging, output_dir)
+        except BaseException:
+            if previous:
+                os.replace(os.path.join(previous, "export"), output_dir)
+            raise
+        finally:
+            if previous:
+                shutil.rmtree(previous, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return os.path.join(output_dir, TFLITE_FILE)
+
+
+def _check_replaceable(output_dir: str) -> None:
+    """Raises ExportError unless ``output_dir`` is absent, empty or an earlier export (only this module's files)."""
+    if not os.path.lexists(output_dir):
+        return
+    if not os.path.isdir(output_dir) or os.path.islink(output_dir):
+        raise ExportError(f"--output {output_dir}: exists and is not a directory; choose a new path")
+    entries = set(os.listdir(output_dir))
+    foreign = sorted(entries - {TFLITE_FILE, CONFIG_FILE, MODEL_FILE})
+    if entries and (foreign or CONFIG_FILE not in entries):
+        what = f"holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}" if foreign else \
+            f"has no {CONFIG_FILE}"
+        raise ExportError(f"--output {output_dir}: exists and is not an earlier TFLite export (it {what}); "
+                          "nothing was written: choose a new path or an empty directory, or remove it yourself")
