@@ -78,6 +78,10 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="change the small preset's model or train field, as `deepseek-tfx run --set` does")
     args = parser.parse_args()
+    other = [a for a in args.set if a.split(".", 1)[0] not in ("model", "train")]
+    if other:
+        parser.error(f"--set {other[0]}: only model.* and train.* fields (the preset is small; the vocabulary is "
+                     "--vocab-size)")
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)  # TF installed a handler first
 
     raw = open(args.corpus, "rb").read()
