@@ -142,12 +142,12 @@ def export_tflite(model_dir: str, output_dir: str, quantize: str = "none", token
         try:
             os.replace(staging, output_dir)
         except BaseException:
-            if previous:
+            if previous:  # put the earlier export back (kept aside if even that fails)
                 os.replace(os.path.join(previous, "export"), output_dir)
-            raise
-        finally:
-            if previous:
                 shutil.rmtree(previous, ignore_errors=True)
+            raise
+        if previous:
+            shutil.rmtree(previous, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
